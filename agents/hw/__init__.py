@@ -1,0 +1,4 @@
+"""The outside world behind Protocols: NVML, sysfs, netlink, inotify.
+
+One real implementation each; the simulated twins live in agents/sim.
+"""

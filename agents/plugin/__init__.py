@@ -1,0 +1,1 @@
+"""The device-plugin runtime: gRPC servers, registration, ListAndWatch; family-agnostic."""

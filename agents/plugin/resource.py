@@ -1,0 +1,71 @@
+"""What the runtime needs of a family for one resource, and the observable device list."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from agents.core.device import ContainerAllocation, Device
+
+
+class Inventory:
+    """The device list of one resource; every change bumps the version and wakes waiters.
+
+    Used from the event loop only.
+    """
+
+    def __init__(self, devices: Iterable[Device] = ()) -> None:
+        self._devices = tuple(sorted(devices))
+        self._version = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def get(self, device_id: str) -> Device | None:
+        for device in self._devices:
+            if device.id == device_id:
+                return device
+        return None
+
+    def replace(self, devices: Iterable[Device]) -> bool:
+        """Set the list; returns True (and wakes waiters) only when it changed."""
+        new = tuple(sorted(devices))
+        if new == self._devices:
+            return False
+        self._devices = new
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    async def wait_newer(self, version: int) -> None:
+        """Return once the version is newer than `version`."""
+        while self._version <= version:
+            await self._changed.wait()
+
+
+class Resource(Protocol):
+    """One advertised resource of a family.
+
+    The runtime has already checked every ID against the inventory (known, healthy,
+    no duplicates) and the sizes before it calls allocate or preferred.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inventory(self) -> Inventory: ...
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation: ...
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]: ...

@@ -1,0 +1,1 @@
+"""The RoCE family: RDMA-capable Ethernet NIC functions from sysfs, link health from netlink."""

@@ -1,0 +1,1 @@
+"""The kubelet stand-in: a kubelet-like client for tests, demos and benchmarks."""

@@ -1,0 +1,31 @@
+"""Waiting on conditions with a deadline: the only way tests synchronise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+DEFAULT_TIMEOUT = 10.0
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float = DEFAULT_TIMEOUT, what: str = ""
+) -> None:
+    """Block until condition() is true; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(0.01)
+
+
+async def async_wait_until(
+    condition: Callable[[], bool], timeout: float = DEFAULT_TIMEOUT, what: str = ""
+) -> None:
+    """Yield to the loop until condition() is true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(0.01)
