@@ -1,0 +1,533 @@
+"""The config file: SPEC section 3 values, established v1 format compatibility, strict errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.config import (
+    Config,
+    Flags,
+    Health,
+    Pairing,
+    Roce,
+    RoceSelectors,
+    Sharing,
+    TimeSlicedResource,
+    TimeSlicing,
+    load_config,
+    parse_config,
+)
+from agents.errors import ConfigError
+
+SPEC_EXAMPLE = """\
+version: v1
+flags:
+  migStrategy: none            # none | single | mixed
+  failOnInitError: true        # false: no NVML -> serve no GPU resources, keep running
+  deviceIDStrategy: uuid       # uuid | index
+  deviceListStrategy: [envvar] # any of: envvar, cdi-cri (CDI names in Allocate)
+  passDeviceSpecs: false       # true: also return /dev/nvidia* device specs
+sharing:
+  timeSlicing:
+    renameByDefault: false     # true: resource becomes <name>.shared
+    failRequestsGreaterThanOne: false
+    resources:
+      - name: nvidia.com/gpu
+        replicas: 4
+roce:
+  resourceName: rdma/roce
+  selectors: {vendors: ["15b3"], ifNames: [], linkLayers: [Ethernet]}
+pairing:
+  enabled: true
+health:
+  disabledXids: []             # added to the built-in list of application XIDs
+"""
+
+ESTABLISHED_TIME_SLICING = """\
+version: v1
+flags:
+  migStrategy: mixed
+  failOnInitError: true
+  nvidiaDriverRoot: /run/nvidia/driver
+  plugin:
+    passDeviceSpecs: true
+    deviceListStrategy: envvar
+    deviceIDStrategy: index
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 4
+"""
+
+ESTABLISHED_EVERY_KEY = """\
+version: v1
+flags:
+  migStrategy: single
+  failOnInitError: false
+  mpsRoot: /run/nvidia/mps
+  nvidiaDriverRoot: /
+  nvidiaDevRoot: /
+  gdsEnabled: false
+  mofedEnabled: false
+  useNodeFeatureAPI: false
+  deviceDiscoveryStrategy: auto
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: [envvar, cdi-cri]
+    deviceIDStrategy: uuid
+    cdiAnnotationPrefix: cdi.k8s.io/
+    nvidiaCTKPath: /usr/bin/nvidia-ctk
+    containerDriverRoot: /driver-root
+  gfd:
+    oneshot: false
+    noTimestamp: false
+    sleepInterval: 60s
+    outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
+    machineTypeFile: /sys/class/dmi/id/product_name
+resources:
+  gpus: []
+sharing:
+  mps: {}
+  timeSlicing: {}
+"""
+
+
+def test_spec_example_parses_to_the_documented_values() -> None:
+    expected = Config(
+        flags=Flags(),
+        sharing=Sharing(TimeSlicing(resources=(TimeSlicedResource("nvidia.com/gpu", 4),))),
+        roce=Roce("rdma/roce", RoceSelectors(vendors=("15b3",), link_layers=("Ethernet",))),
+        pairing=Pairing(enabled=True),
+        health=Health(frozenset()),
+    )
+    assert parse_config(SPEC_EXAMPLE, "c.yaml") == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["", "# only a comment\n", "---\n", "{}\n"], ids=["empty", "comment", "marker", "map"]
+)
+def test_empty_document_gives_the_defaults(text: str) -> None:
+    assert parse_config(text, "c.yaml") == Config.default()
+
+
+def test_established_time_slicing_config_is_accepted_unchanged() -> None:
+    config = parse_config(ESTABLISHED_TIME_SLICING, "c.yaml")
+    assert config.flags == Flags(
+        mig_strategy="mixed",
+        device_id_strategy="index",
+        device_list_strategy=frozenset({"envvar"}),
+        pass_device_specs=True,
+    )
+    ts = config.sharing.time_slicing
+    assert ts.rename_by_default and ts.fail_requests_greater_than_one
+    assert ts.replicas_for("nvidia.com/gpu") == TimeSlicedResource("nvidia.com/gpu", 4)
+    assert ts.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
+    assert config.ignored_keys == ("flags.nvidiaDriverRoot",)
+
+
+def test_every_established_key_is_accepted_and_inert_ones_are_listed() -> None:
+    config = parse_config(ESTABLISHED_EVERY_KEY, "c.yaml")
+    assert config.flags.mig_strategy == "single"
+    assert config.flags.device_list_strategy == {"envvar", "cdi-cri"}
+    assert not config.flags.fail_on_init_error
+    assert set(config.ignored_keys) == {
+        *(f"flags.plugin.{k}" for k in ("cdiAnnotationPrefix", "nvidiaCTKPath")),
+        "flags.plugin.containerDriverRoot",
+        *(f"flags.{k}" for k in ("mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot")),
+        *(f"flags.{k}" for k in ("gdsEnabled", "mofedEnabled", "useNodeFeatureAPI")),
+        "flags.deviceDiscoveryStrategy",
+        *(f"flags.gfd.{k}" for k in ("oneshot", "noTimestamp", "sleepInterval")),
+        *(f"flags.gfd.{k}" for k in ("outputFile", "machineTypeFile")),
+        "resources",
+        "sharing.mps",
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("{plugin: {passDeviceSpecs: true}}", Flags(pass_device_specs=True)),
+        ("{passDeviceSpecs: true}", Flags(pass_device_specs=True)),
+        ("{passDeviceSpecs: true, plugin: {passDeviceSpecs: true}}", Flags(pass_device_specs=True)),
+        ("{deviceListStrategy: cdi-cri}", Flags(device_list_strategy=frozenset({"cdi-cri"}))),
+        (
+            "{deviceListStrategy: [cdi-cri, envvar],"
+            " plugin: {deviceListStrategy: [envvar, cdi-cri]}}",
+            Flags(device_list_strategy=frozenset({"envvar", "cdi-cri"})),
+        ),
+        ("{plugin: {deviceIDStrategy: index}}", Flags(device_id_strategy="index")),
+        ("{failOnInitError: false}", Flags(fail_on_init_error=False)),
+        ("{migStrategy: mixed, plugin: null}", Flags(mig_strategy="mixed")),
+    ],
+    ids=[
+        "plugin-only",
+        "flat-only",
+        "both-agree",
+        "list-strategy-as-string",
+        "list-strategy-same-set",
+        "plugin-id-strategy",
+        "fail-on-init",
+        "null-section",
+    ],
+)
+def test_plugin_and_flat_flags_are_the_same_settings(flags: str, expected: Flags) -> None:
+    assert parse_config(f"flags: {flags}\n", "c.yaml").flags == expected
+
+
+TS = "sharing: {timeSlicing: %s}\n"
+
+
+@pytest.mark.parametrize(
+    ("time_slicing", "resource", "advertised", "devices"),
+    [
+        (
+            "{resources: [{name: nvidia.com/gpu, replicas: 2}]}",
+            "nvidia.com/gpu",
+            "nvidia.com/gpu",
+            "all",
+        ),
+        (
+            "{renameByDefault: true, resources: [{name: nvidia.com/mig-1g.10gb, replicas: 2}]}",
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/mig-1g.10gb.shared",
+            "all",
+        ),
+        (
+            "{resources: [{name: gpu, rename: gpu-shared, replicas: 3, devices: 2}]}",
+            "nvidia.com/gpu",
+            "nvidia.com/gpu-shared",
+            2,
+        ),
+        (
+            "{resources: [{name: nvidia.com/gpu, replicas: 3, devices: [0, '1:0', GPU-3b1f]}]}",
+            "nvidia.com/gpu",
+            "nvidia.com/gpu",
+            ("0", "1:0", "GPU-3b1f"),
+        ),
+    ],
+    ids=["plain", "rename-by-default", "bare-names-and-count", "device-list"],
+)
+def test_time_sliced_resources_resolve_their_advertised_name_and_devices(
+    time_slicing: str, resource: str, advertised: str, devices: object
+) -> None:
+    ts = parse_config(TS % time_slicing, "c.yaml").sharing.time_slicing
+    entry = ts.replicas_for(resource)
+    assert entry is not None and entry.devices == devices
+    assert ts.advertised_name(resource) == advertised
+    assert ts.replicas_for("nvidia.com/mig-7g.80gb") is None
+    assert ts.advertised_name("nvidia.com/mig-7g.80gb") == "nvidia.com/mig-7g.80gb"
+
+
+def test_roce_pairing_and_health_settings_are_read() -> None:
+    config = parse_config(
+        "roce:\n  resourceName: example.com/roce\n  selectors:\n"
+        "    vendors: ['15B3', '8086']\n    ifNames: [ens1np0]\n"
+        "    pciAddresses: ['0000:1C:00.0']\n"
+        "    rdmaDevices: [mlx5_0]\npairing: {enabled: false}\nhealth: {disabledXids: [13, 31]}\n",
+        "c.yaml",
+    )
+    assert config.roce == Roce(
+        "example.com/roce",
+        RoceSelectors(
+            ("15b3", "8086"), ("ens1np0",), ("Ethernet",), ("0000:1c:00.0",), ("mlx5_0",)
+        ),
+    )
+    assert not config.pairing.enabled
+    assert config.health.disabled_xids == {13, 31}
+
+
+def test_yaml_merge_keys_are_honoured() -> None:
+    text = "roce: {selectors: &sel {ifNames: [a]}}\nflags: {migStrategy: single}\n"
+    assert parse_config(text, "c.yaml").roce.selectors.if_names == ("a",)
+    merged = "health: &h {disabledXids: [1]}\npairing: {<<: {enabled: false}}\n"
+    assert not parse_config(merged, "c.yaml").pairing.enabled
+
+
+BAD = [
+    ("not-a-mapping", "- a\n", "(top level)", "a mapping, got a list"),
+    ("scalar-document", "hello\n", "(top level)", "a mapping, got 'hello'"),
+    ("unknown-top-key", "flagz: {}\n", "flagz", "unknown key"),
+    ("unknown-nested-key", "flags: {migstrategy: none}\n", "flags.migstrategy", "migStrategy"),
+    ("unknown-plugin-key", "flags: {plugin: {foo: 1}}\n", "flags.plugin.foo", "unknown key"),
+    ("version", "version: v2\n", "version", "one of v1, got 'v2'"),
+    ("version-int", "version: 1\n", "version", "one of v1, got 1"),
+    (
+        "mig-strategy",
+        "flags: {migStrategy: all}\n",
+        "flags.migStrategy",
+        "one of none, single, mixed",
+    ),
+    ("id-strategy", "flags: {deviceIDStrategy: serial}\n", "flags.deviceIDStrategy", "uuid, index"),
+    (
+        "bool-as-string",
+        "flags: {failOnInitError: 'true'}\n",
+        "flags.failOnInitError",
+        "true or false",
+    ),
+    ("bool-as-int", "pairing: {enabled: 1}\n", "pairing.enabled", "true or false, got 1"),
+    ("section-as-list", "flags: []\n", "flags", "a mapping, got a list"),
+    (
+        "list-strategy-unknown",
+        "flags: {deviceListStrategy: [envvar, volume-mounts]}\n",
+        "flags.deviceListStrategy[1]",
+        "one of envvar, cdi-cri, got 'volume-mounts'",
+    ),
+    (
+        "list-strategy-empty",
+        "flags: {deviceListStrategy: []}\n",
+        "flags.deviceListStrategy",
+        "non-empty",
+    ),
+    (
+        "plugin-disagrees",
+        "flags: {passDeviceSpecs: true, plugin: {passDeviceSpecs: false}}\n",
+        "flags.plugin.passDeviceSpecs",
+        "the same value as flags.passDeviceSpecs (true), got false",
+    ),
+    (
+        "replicas-zero",
+        TS % "{resources: [{name: nvidia.com/gpu, replicas: 0}]}",
+        "sharing.timeSlicing.resources[0].replicas",
+        "an integer >= 1, got 0",
+    ),
+    (
+        "replicas-bool",
+        TS % "{resources: [{name: nvidia.com/gpu, replicas: true}]}",
+        "sharing.timeSlicing.resources[0].replicas",
+        "an integer >= 1, got true",
+    ),
+    (
+        "replicas-missing",
+        TS % "{resources: [{name: nvidia.com/gpu}]}",
+        "sharing.timeSlicing.resources[0].replicas",
+        "required",
+    ),
+    (
+        "name-missing",
+        TS % "{resources: [{replicas: 2}]}",
+        "sharing.timeSlicing.resources[0].name",
+        "required",
+    ),
+    (
+        "resources-as-string",
+        TS % "{resources: nvidia.com/gpu}",
+        "sharing.timeSlicing.resources",
+        "a list",
+    ),
+    (
+        "duplicate-resource",
+        TS % "{resources: [{name: nvidia.com/gpu, replicas: 2}, {name: gpu, replicas: 3}]}",
+        "sharing.timeSlicing.resources[1].name",
+        "not used before, got 'nvidia.com/gpu' (also at sharing.timeSlicing.resources[0].name)",
+    ),
+    (
+        "rename-collides",
+        TS
+        % "{resources: [{name: gpu, replicas: 2}, {name: mig-1g.10gb, rename: gpu, replicas: 3}]}",
+        "sharing.timeSlicing.resources[1].rename",
+        "not used before, got 'nvidia.com/gpu'",
+    ),
+    (
+        "resource-name-invalid",
+        TS % "{resources: [{name: 'nvidia.com/gpu!', replicas: 2}]}",
+        "sharing.timeSlicing.resources[0].name",
+        "extended resource name",
+    ),
+    (
+        "resource-name-not-gpu",
+        TS % "{resources: [{name: example.com/foo, replicas: 2}]}",
+        "sharing.timeSlicing.resources[0].name",
+        "nvidia.com/gpu or nvidia.com/mig-<profile>",
+    ),
+    (
+        "rename-invalid",
+        TS % "{resources: [{name: gpu, rename: 'a/b/c', replicas: 2}]}",
+        "sharing.timeSlicing.resources[0].rename",
+        "extended resource name",
+    ),
+    (
+        "devices-zero",
+        TS % "{resources: [{name: gpu, replicas: 2, devices: 0}]}",
+        "sharing.timeSlicing.resources[0].devices",
+        '"all", a GPU count >= 1',
+    ),
+    (
+        "devices-empty",
+        TS % "{resources: [{name: gpu, replicas: 2, devices: []}]}",
+        "sharing.timeSlicing.resources[0].devices",
+        "non-empty",
+    ),
+    (
+        "devices-bad-ref",
+        TS % "{resources: [{name: gpu, replicas: 2, devices: [first]}]}",
+        "sharing.timeSlicing.resources[0].devices[0]",
+        "a GPU index or UUID",
+    ),
+    (
+        "mps-resources",
+        "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
+        "sharing.mps.resources",
+        "not supported",
+    ),
+    (
+        "pattern-renames",
+        "resources: {gpus: [{pattern: '*A100*', name: a100}]}\n",
+        "resources.gpus[0]",
+        "not supported",
+    ),
+    ("imex-channels", "imex: {channelIDs: [0]}\n", "imex.channelIDs", "not supported"),
+    ("gfd-bool", "flags: {gfd: {oneshot: maybe}}\n", "flags.gfd.oneshot", "true or false"),
+    (
+        "driver-root-int",
+        "flags: {nvidiaDriverRoot: 1}\n",
+        "flags.nvidiaDriverRoot",
+        "a string, got 1",
+    ),
+    (
+        "roce-resource-name",
+        "roce: {resourceName: roce}\n",
+        "roce.resourceName",
+        "extended resource name domain/name",
+    ),
+    (
+        "roce-native-domain",
+        "roce: {resourceName: kubernetes.io/roce}\n",
+        "roce.resourceName",
+        "extended resource name",
+    ),
+    (
+        "vendor-unquoted",
+        "roce: {selectors: {vendors: [8086]}}\n",
+        "roce.selectors.vendors[0]",
+        "4-hex-digit vendor ID",
+    ),
+    (
+        "vendor-long",
+        "roce: {selectors: {vendors: ['15b33']}}\n",
+        "roce.selectors.vendors[0]",
+        "got '15b33'",
+    ),
+    (
+        "vendors-empty",
+        "roce: {selectors: {vendors: []}}\n",
+        "roce.selectors.vendors",
+        "a non-empty list, got []",
+    ),
+    (
+        "infiniband",
+        "roce: {selectors: {linkLayers: [InfiniBand]}}\n",
+        "roce.selectors.linkLayers[0]",
+        "InfiniBand devices are not the RoCE family",
+    ),
+    (
+        "link-layers-empty",
+        "roce: {selectors: {linkLayers: []}}\n",
+        "roce.selectors.linkLayers",
+        "non-empty",
+    ),
+    (
+        "if-names-string",
+        "roce: {selectors: {ifNames: ens1}}\n",
+        "roce.selectors.ifNames",
+        "a list, got 'ens1'",
+    ),
+    (
+        "pci-address",
+        "roce: {selectors: {pciAddresses: ['1c:00.0']}}\n",
+        "roce.selectors.pciAddresses[0]",
+        "a PCI address",
+    ),
+    (
+        "xid-zero",
+        "health: {disabledXids: [0]}\n",
+        "health.disabledXids[0]",
+        "an integer >= 1, got 0",
+    ),
+    (
+        "xid-string",
+        "health: {disabledXids: ['79']}\n",
+        "health.disabledXids[0]",
+        "an integer >= 1, got '79'",
+    ),
+    (
+        "duplicate-key",
+        "flags:\n  migStrategy: none\n  migStrategy: mixed\n",
+        "line 3",
+        "a key given once",
+    ),
+    ("syntax-error", "flags:\n  migStrategy: [none\n", "line 3", "valid YAML"),
+    ("tab-indent", "flags:\n\tmigStrategy: none\n", "line 2", "valid YAML"),
+    ("two-documents", "a: 1\n---\nb: 2\n", "line 2", "valid YAML"),
+    ("python-tag", "flags: !!python/object:os.system {}\n", "line 1", "valid YAML"),
+    ("impossible-date", "version: 2024-13-40\n", "(document)", "month must be in 1..12"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"), [case[1:] for case in BAD], ids=[case[0] for case in BAD]
+)
+def test_bad_config_is_a_config_error_naming_key_and_expectation(
+    text: str, key: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "/etc/node-agent/config.yaml")
+    message = str(caught.value)
+    assert message.startswith(f"/etc/node-agent/config.yaml: {key}")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_load_config_reads_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("flags: {migStrategy: mixed}\n")
+    assert load_config(path).flags.mig_strategy == "mixed"
+
+
+def test_missing_config_file_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match=r"absent.yaml: \(file\): a readable UTF-8 file"):
+        load_config(path)
+
+
+KNOWN_KEYS = [
+    *("version", "flags", "sharing", "roce", "pairing", "health", "resources", "imex"),
+    *("migStrategy", "failOnInitError", "deviceIDStrategy", "deviceListStrategy", "plugin"),
+    *("passDeviceSpecs", "gfd", "timeSlicing", "mps", "name", "replicas", "rename", "devices"),
+    *("selectors", "vendors", "linkLayers", "enabled", "disabledXids", "gpus", "channelIDs"),
+]
+SCALARS = st.none() | st.booleans() | st.integers(-5, 10**20) | st.floats() | st.text(max_size=12)
+VALUES = st.recursive(
+    SCALARS | st.sampled_from(["v1", "none", "mixed", "envvar", "nvidia.com/gpu", "all", "15b3"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_any_yaml_document_parses_or_is_a_config_error(document: object) -> None:
+    text = yaml.safe_dump(document)
+    try:
+        parse_config(text, "c.yaml")
+    except ConfigError as err:
+        assert "\n" not in str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab:-[]{}#&*!|>'\"\n\t 0123456789.,?")), max_size=60))
+def test_any_text_parses_or_is_a_config_error(text: str) -> None:
+    try:
+        parse_config(text, "c.yaml")
+    except ConfigError as err:
+        assert "\n" not in str(err)
