@@ -1,0 +1,247 @@
+"""What the DaemonSet promises an operator: where it runs, what it may touch on the
+host, how it is probed and updated, and the configuration it ships with."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import pytest
+import yaml
+
+from tests.deploy.manifests import VARIANTS, Obj, agent_container, flag, only, pod_spec, render
+
+NAMESPACE = "node-agents"
+IMAGE = "ghcr.io/node-agents/node-agent:0.1.0"
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+# The host paths the agent writes to; every other hostPath must be mounted read-only.
+WRITABLE_HOST_PATHS = frozenset({DEVICE_PLUGIN_DIR, NFD_FEATURES_DIR})
+# Capabilities added back after dropping ALL. Empty: daemonset/base/daemonset.yaml says
+# why none of the usual candidates is needed; adding one must change this line too.
+JUSTIFIED_CAPABILITIES: frozenset[str] = frozenset()
+
+variants = pytest.mark.parametrize("variant", VARIANTS)
+
+
+def host_path_mounts(objs: list[Obj]) -> list[tuple[str, Obj]]:
+    """(host path, volumeMount) for every hostPath volume the agent mounts."""
+    host_paths = {
+        v["name"]: v["hostPath"]["path"] for v in pod_spec(objs)["volumes"] if "hostPath" in v
+    }
+    mounts = agent_container(objs)["volumeMounts"]
+    return [(host_paths[m["name"]], m) for m in mounts if m["name"] in host_paths]
+
+
+def env(container: Obj) -> dict[str, Obj]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@variants
+def test_renders_namespace_serviceaccount_configmap_and_daemonset_in_one_namespace(
+    variant: str,
+) -> None:
+    objs = render(variant)
+    assert sorted(o["kind"] for o in objs) == [
+        "ConfigMap",
+        "DaemonSet",
+        "Namespace",
+        "ServiceAccount",
+    ]
+    assert only(objs, "Namespace")["metadata"]["name"] == NAMESPACE
+    for obj in objs:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+
+
+@variants
+def test_container_runs_unprivileged_with_no_capabilities_and_read_only_root(
+    variant: str,
+) -> None:
+    ctx = agent_container(render(variant))["securityContext"]
+    assert ctx["privileged"] is False
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    assert frozenset(ctx["capabilities"].get("add", [])) == JUSTIFIED_CAPABILITIES
+
+
+@variants
+def test_seccomp_profile_is_runtime_default(variant: str) -> None:
+    objs = render(variant)
+    container_ctx = agent_container(objs)["securityContext"]
+    pod_ctx = pod_spec(objs).get("securityContext", {})
+    # The container's setting wins over the pod's; either must be RuntimeDefault and
+    # neither may weaken it.
+    profiles = [c["seccompProfile"]["type"] for c in (container_ctx, pod_ctx) if c]
+    assert profiles, "no seccompProfile set"
+    assert set(profiles) == {"RuntimeDefault"}
+
+
+@variants
+def test_pod_shares_no_host_namespace(variant: str) -> None:
+    spec = pod_spec(render(variant))
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(field, False), field
+    assert "hostPort" not in str(agent_container(render(variant)).get("ports"))
+
+
+@variants
+def test_host_paths_are_read_only_except_device_plugin_and_nfd_dirs(variant: str) -> None:
+    mounts = host_path_mounts(render(variant))
+    assert {host for host, _ in mounts} >= WRITABLE_HOST_PATHS
+    for host, mount in mounts:
+        if host in WRITABLE_HOST_PATHS:
+            # Writable dirs are mounted where the agent's defaults expect them.
+            assert mount["mountPath"] == host
+            assert not mount.get("readOnly", False), host
+        else:
+            assert mount.get("readOnly") is True, f"{host} is mounted writable"
+
+
+@variants
+def test_only_scratch_space_is_writable_besides_host_dirs(variant: str) -> None:
+    objs = render(variant)
+    volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
+    for mount in agent_container(objs)["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            assert mount.get("readOnly") is True
+        if "emptyDir" in volume:
+            assert mount["mountPath"] == "/tmp"
+            assert volume["emptyDir"].get("sizeLimit"), "scratch space must be bounded"
+
+
+@variants
+def test_service_account_token_is_not_mounted(variant: str) -> None:
+    objs = render(variant)
+    assert only(objs, "ServiceAccount")["automountServiceAccountToken"] is False
+    spec = pod_spec(objs)
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["serviceAccountName"] == only(objs, "ServiceAccount")["metadata"]["name"]
+
+
+@variants
+def test_resources_request_cpu_and_memory_and_limit_memory(variant: str) -> None:
+    resources = agent_container(render(variant))["resources"]
+    assert {"cpu", "memory"} <= resources["requests"].keys()
+    assert "memory" in resources["limits"]
+
+
+@variants
+def test_scheduling_is_node_critical_on_tainted_gpu_nodes(variant: str) -> None:
+    objs = render(variant)
+    spec = pod_spec(objs)
+    assert spec["priorityClassName"] == "system-node-critical"
+    tolerations = {(t["key"], t.get("effect")) for t in spec["tolerations"]}
+    assert ("nvidia.com/gpu", "NoSchedule") in tolerations
+    assert ("CriticalAddonsOnly", None) in tolerations
+    assert all(t["operator"] == "Exists" for t in spec["tolerations"])
+    strategy = only(objs, "DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert spec["terminationGracePeriodSeconds"] == 30
+
+
+@variants
+def test_liveness_probe_hits_healthz_on_the_metrics_port(variant: str) -> None:
+    container = agent_container(render(variant))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    assert probe["port"] == "metrics"
+    host, port = flag(container["args"], "--metrics-address").rsplit(":", 1)
+    assert int(port) == ports["metrics"]
+    # Bound where the kubelet's probe arrives: the pod IP.
+    assert host in ("0.0.0.0", "")
+
+
+@variants
+def test_agent_is_started_with_config_json_logs_and_nfd_file(variant: str) -> None:
+    objs = render(variant)
+    container = agent_container(objs)
+    args = container["args"]
+    assert container["image"] == IMAGE
+    assert args[0] == "run"
+    assert flag(args, "--log-format") == "json"
+    config = PurePosixPath(flag(args, "--config"))
+    config_mounts = [m for m in container["volumeMounts"] if m["name"] == _config_volume_name(objs)]
+    assert [m["mountPath"] for m in config_mounts] == [str(config.parent)]
+    assert config.name in only(objs, "ConfigMap")["data"]
+    nfd_file = PurePosixPath(flag(args, "--nfd-features-file"))
+    assert str(nfd_file.parent) == NFD_FEATURES_DIR
+    node_name = env(container)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert node_name == "spec.nodeName"
+
+
+def _config_volume_name(objs: list[Obj]) -> str:
+    configmap = only(objs, "ConfigMap")["metadata"]["name"]
+    volumes = pod_spec(objs)["volumes"]
+    names = [v["name"] for v in volumes if v.get("configMap", {}).get("name") == configmap]
+    assert len(names) == 1, "the DaemonSet must mount the rendered ConfigMap"
+    return names[0]
+
+
+def test_base_runs_every_family_on_gpu_nodes() -> None:
+    objs = render("daemonset")
+    container = agent_container(objs)
+    assert flag(container["args"], "--families") is None
+    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/gpu-node": "true"}
+    assert env(container)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+
+
+def test_gpu_only_overlay_runs_the_gpu_family_on_gpu_nodes() -> None:
+    objs = render("daemonset/overlays/gpu-only")
+    container = agent_container(objs)
+    assert flag(container["args"], "--families") == "gpu"
+    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/gpu-node": "true"}
+    assert env(container)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+
+
+def test_roce_only_overlay_runs_the_roce_family_on_rdma_nodes_without_gpu_access() -> None:
+    objs = render("daemonset/overlays/roce-only")
+    container = agent_container(objs)
+    assert flag(container["args"], "--families") == "roce"
+    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/rdma-node": "true"}
+    assert not any(name.startswith("NVIDIA_") for name in env(container))
+    assert "NODE_NAME" in env(container)
+
+
+def test_overlays_only_add_the_families_flag_to_the_base_args() -> None:
+    base = agent_container(render("daemonset"))["args"]
+    for overlay, family in (("gpu-only", "gpu"), ("roce-only", "roce")):
+        args = agent_container(render(f"daemonset/overlays/{overlay}"))["args"]
+        assert args == [*base, "--families", family]
+
+
+@variants
+def test_shipped_config_is_the_spec_shape_with_defaults(variant: str) -> None:
+    text = only(render(variant), "ConfigMap")["data"]["config.yaml"]
+    config = yaml.safe_load(text)
+    assert config["version"] == "v1"
+    assert config["flags"]["migStrategy"] == "none"
+    assert config["sharing"]["timeSlicing"]["resources"] == []
+    assert config["roce"]["resourceName"] == "rdma/roce"
+    assert set(config) == {"version", "flags", "sharing", "roce", "pairing", "health"}
+
+
+def test_shipped_config_is_accepted_by_the_agent() -> None:
+    try:
+        from agents.config import parse_config
+    except ImportError:
+        pytest.skip("agents.config.parse_config does not exist yet")
+    text = only(render("daemonset"), "ConfigMap")["data"]["config.yaml"]
+    config = parse_config(text, "daemonset/base/config.yaml")
+    # config.yaml says every value in it is the default; an empty file gives those.
+    assert config == parse_config("", "(empty)")
+
+
+@variants
+def test_container_args_are_accepted_by_the_agents_command_line(variant: str) -> None:
+    try:
+        from agents.cli import build_parser
+    except ImportError:
+        pytest.skip("agents.cli.build_parser does not exist yet")
+    args = agent_container(render(variant))["args"]
+    # The image's ENTRYPOINT is node-agent, so args are its whole command line; a flag
+    # the agent does not know would exit 2 here as it would crash-loop on every node.
+    opts = build_parser().parse_args(args)
+    assert opts.command == "run"
