@@ -10,22 +10,22 @@ DEFAULT_TIMEOUT = 10.0
 
 
 def wait_until(
-    condition: Callable[[], bool], timeout: float = DEFAULT_TIMEOUT, what: str = ""
+    condition: Callable[[], bool], within: float = DEFAULT_TIMEOUT, what: str = ""
 ) -> None:
-    """Block until condition() is true; fail the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Block until condition() is true; fail the test after `within` seconds."""
+    deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+            raise AssertionError(f"timed out after {within}s waiting for {what or condition}")
         time.sleep(0.01)
 
 
 async def async_wait_until(
-    condition: Callable[[], bool], timeout: float = DEFAULT_TIMEOUT, what: str = ""
+    condition: Callable[[], bool], within: float = DEFAULT_TIMEOUT, what: str = ""
 ) -> None:
-    """Yield to the loop until condition() is true; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Yield to the loop until condition() is true; fail after `within` seconds."""
+    deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+            raise AssertionError(f"timed out after {within}s waiting for {what or condition}")
         await asyncio.sleep(0.01)
