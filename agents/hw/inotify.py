@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -21,11 +22,8 @@ class Change(enum.Flag):
     WRITTEN = enum.auto()  # closed after writing
     DIR_GONE = enum.auto()  # the watched directory itself was removed
 
-    @classmethod
-    def all(cls) -> Change:
-        return cls.CREATED | cls.DELETED | cls.WRITTEN | cls.DIR_GONE
 
-
+EVERY_CHANGE = Change.CREATED | Change.DELETED | Change.WRITTEN | Change.DIR_GONE
 _MASKS: dict[Change, int] = {
     Change.CREATED: inotify_simple.flags.CREATE | inotify_simple.flags.MOVED_TO,
     Change.DELETED: inotify_simple.flags.DELETE | inotify_simple.flags.MOVED_FROM,
@@ -45,7 +43,7 @@ class FsEvent:
 class DirectoryWatch:
     """Watch one directory; `await next_batch()` yields the events that arrived."""
 
-    def __init__(self, path: Path, changes: Change = Change.all()) -> None:
+    def __init__(self, path: Path, changes: Change = EVERY_CHANGE) -> None:
         self.path = path
         self._inotify = inotify_simple.INotify()
         mask = 0
@@ -58,6 +56,7 @@ class DirectoryWatch:
             self._inotify.close()
             raise BackendError(f"cannot watch {path}: {exc.strerror}") from exc
         self._queue: asyncio.Queue[list[FsEvent]] = asyncio.Queue()
+        self._listeners: list[Callable[[FsEvent], None]] = []
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._inotify.fileno(), self._on_readable)
         self._closed = False
@@ -70,10 +69,23 @@ class DirectoryWatch:
                     out.append(FsEvent(event.name, change))
         return out
 
-    def _on_readable(self) -> None:
+    def add_listener(self, listener: Callable[[FsEvent], None]) -> None:
+        """Call `listener` for every event, as soon as it is read (before it is queued)."""
+        self._listeners.append(listener)
+
+    def poll(self) -> None:
+        """Read what the kernel has now, without waiting: listeners run, events queue."""
+        if self._closed:
+            return
         batch = self._read()
+        for event in batch:
+            for listener in self._listeners:
+                listener(event)
         if batch:
             self._queue.put_nowait(batch)
+
+    def _on_readable(self) -> None:
+        self.poll()
 
     async def next_batch(self) -> list[FsEvent]:
         """Wait for the next batch of events."""
@@ -82,11 +94,10 @@ class DirectoryWatch:
 
     def drain(self) -> list[FsEvent]:
         """Everything that already happened and was not yet taken, without waiting."""
+        self.poll()
         out: list[FsEvent] = []
         while not self._queue.empty():
             out.extend(self._queue.get_nowait())
-        if not self._closed:
-            out.extend(self._read())
         return out
 
     def close(self) -> None:

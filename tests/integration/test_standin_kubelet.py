@@ -14,10 +14,10 @@ from typing import Any
 
 import grpc
 import pytest
-from agents.standin.checkpoint import read_checkpoint
-from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 
 from agents.api import api_pb2, api_pb2_grpc
+from agents.standin.checkpoint import read_checkpoint
+from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from tests.conditions import async_wait_until
 
 GPU = "example.com/gpu"

@@ -1,0 +1,149 @@
+"""The agent process: backends and families built from the config, run with the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from agents.config import Config
+from agents.errors import ConfigError
+from agents.gpu.family import GpuFamily
+from agents.hw.netlink import LinkMonitor
+from agents.hw.nvml import Nvml
+from agents.hw.sysfs import Sysfs
+from agents.labels import keep_labels
+from agents.metrics import Metrics, serve_metrics
+from agents.pairing import PairingLedger, attach_pairing
+from agents.plugin.family import Family
+from agents.plugin.manager import PluginManager
+from agents.plugin.resource import Resource
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+from agents.roce.family import RoceFamily
+from agents.sim.simnode import SimulatedNode
+
+log = structlog.get_logger(__name__)
+
+FAMILIES = ("gpu", "roce")
+
+
+@dataclass
+class Backends:
+    """Everything the families read the node through."""
+
+    nvml: Nvml
+    sysfs: Sysfs
+    links: LinkMonitor
+    dev_root: Path | None = None  # where device nodes live; None = the host's /
+    simulated: SimulatedNode | None = None
+
+
+def real_backends(config: Config) -> Backends:
+    from agents.core.xid import APPLICATION_XIDS
+    from agents.hw.netlink import NetlinkMonitor
+    from agents.hw.nvml import NvmlBackend
+
+    ignored = APPLICATION_XIDS | config.health.disabled_xids
+    return Backends(NvmlBackend(ignored_xids=ignored), Sysfs(), NetlinkMonitor())
+
+
+@contextlib.asynccontextmanager
+async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
+    """A simulated node materialised in a temporary root for as long as the context lasts."""
+    from agents.hw.netlink import NetlinkMonitor
+
+    with tempfile.TemporaryDirectory(prefix="node-agent-sim-") as root:
+        node = SimulatedNode(node_file, Path(root), host_links=NetlinkMonitor())
+        node.load()
+        yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
+
+
+def parse_families(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown or not names:
+        raise ConfigError("--families", ",".join(unknown) or text, f"any of {', '.join(FAMILIES)}")
+    return names
+
+
+@dataclass
+class Agent:
+    config: Config
+    config_source: str
+    plugin_dir: Path
+    backends: Backends
+    families: Sequence[str] = FAMILIES
+    telemetry: Telemetry = field(default_factory=NoTelemetry)
+    metrics_address: str | None = None
+    nfd_features_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.family_objects: list[Family] = []
+        self.manager: PluginManager | None = None
+        self.gpu: GpuFamily | None = None
+        self.roce: RoceFamily | None = None
+        self.pairing: PairingLedger | None = None
+        self.metrics: Metrics | None = None
+        if self.metrics_address is not None:
+            self.metrics = Metrics()
+            self.telemetry = self.metrics
+
+    def start(self) -> PluginManager:
+        """Discover devices and plan resources. Raises ConfigError or BackendError."""
+        b = self.backends
+        if "gpu" in self.families:
+            gpu = GpuFamily(
+                b.nvml,
+                b.sysfs,
+                self.config,
+                config_source=self.config_source,
+                dev_root=b.dev_root,
+                telemetry=self.telemetry,
+            )
+            gpu.start()
+            self.gpu = gpu
+            self.family_objects.append(gpu)
+        if "roce" in self.families:
+            roce = RoceFamily(
+                b.sysfs, b.links, self.config, dev_root=b.dev_root, telemetry=self.telemetry
+            )
+            roce.start()
+            self.roce = roce
+            self.family_objects.append(roce)
+        resources: list[Resource] = [r for f in self.family_objects for r in f.resources()]
+        self.manager = PluginManager(self.plugin_dir, resources, telemetry=self.telemetry)
+        if self.config.pairing.enabled:
+            self.pairing = attach_pairing(self.gpu, self.roce, self.manager)
+        if self.metrics is not None:
+            self.metrics.watch_resources(lambda: resources)
+        return self.manager
+
+    def serving(self) -> bool:
+        """Liveness: every resource's server is up."""
+        return self.manager is not None and all(s.serving for s in self.manager.servers.values())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; any task failing stops the rest and is raised."""
+        manager = self.manager or self.start()
+        coros = [manager.run(stop), *(f.run(stop) for f in self.family_objects)]
+        if self.backends.simulated is not None:
+            coros.append(self.backends.simulated.run(stop))
+        if self.nfd_features_file is not None:
+            coros.append(keep_labels(self.nfd_features_file, self.gpu, self.roce, stop))
+        if self.metrics is not None and self.metrics_address is not None:
+            coros.append(serve_metrics(self.metrics, self.metrics_address, self.serving, stop))
+        tasks = [asyncio.ensure_future(c) for c in coros]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    stop.set()
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)

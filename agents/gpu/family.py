@@ -1,0 +1,160 @@
+"""The GPU family: builds GPU resources from NVML and keeps their health current."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+
+from agents.config import Config
+from agents.core import xid
+from agents.core.topology import Distance, distance
+from agents.errors import BackendError
+from agents.gpu.discovery import Gpu, discover, nvlink_counts
+from agents.gpu.plan import plan_resources
+from agents.gpu.resource import AllocateOptions, GpuResource
+from agents.hw.nvml import Nvml, XidEvent
+from agents.hw.sysfs import Sysfs
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+
+log = structlog.get_logger(__name__)
+
+PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
+
+
+class GpuFamily:
+    name = "gpu"
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        sysfs: Sysfs,
+        config: Config,
+        *,
+        config_source: str,
+        dev_root: Path | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self._nvml = nvml
+        self._sysfs = sysfs
+        self._config = config
+        self._source = config_source
+        self._dev_root = "" if dev_root is None else str(dev_root)
+        self._telemetry = telemetry or NoTelemetry()
+        self.gpus: list[Gpu] = []
+        self._resources: list[GpuResource] = []
+        self._healthy: dict[str, bool] = {}
+
+    def start(self) -> None:
+        """Initialise NVML and plan the resources. Raises BackendError or ConfigError."""
+        try:
+            self._nvml.init()
+        except BackendError as exc:
+            if self._config.flags.fail_on_init_error:
+                raise
+            log.warning("gpu_family_disabled", reason=str(exc), setting="failOnInitError=false")
+            return
+        self.gpus = discover(self._nvml, self._sysfs)
+        self._resources = self._build(self.gpus)
+        self._healthy = {g.uuid: True for g in self.gpus}
+        self._refresh()
+        log.info(
+            "gpus_discovered", count=len(self.gpus), resources=[r.name for r in self._resources]
+        )
+
+    def _build(self, gpus: Sequence[Gpu]) -> list[GpuResource]:
+        flags = self._config.flags
+        options = AllocateOptions(
+            envvar="envvar" in flags.device_list_strategy,
+            cdi="cdi-cri" in flags.device_list_strategy,
+            pass_device_specs=flags.pass_device_specs,
+            fail_requests_greater_than_one=(
+                self._config.sharing.time_slicing.fail_requests_greater_than_one
+            ),
+            minors={g.uuid: g.minor for g in gpus},
+            dev_root=self._dev_root,
+        )
+        nvlinks = nvlink_counts(gpus)
+        by_uuid = {g.uuid: g for g in gpus}
+
+        def pcie(a: str, b: str) -> Distance:
+            la, lb = by_uuid[a].location, by_uuid[b].location
+            if la is None or lb is None:
+                same_numa = by_uuid[a].numa == by_uuid[b].numa
+                return Distance.NODE if same_numa else Distance.SYS
+            return distance(la, lb)
+
+        return [
+            GpuResource(plan, options, nvlinks=nvlinks, pcie=pcie)
+            for plan in plan_resources(gpus, self._config, self._source)
+        ]
+
+    def healthy_count(self) -> int:
+        """Physical GPUs that are present and healthy."""
+        return sum(1 for ok in self._healthy.values() if ok)
+
+    def resources(self) -> Sequence[GpuResource]:
+        return self._resources
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if not self._resources:
+            return
+        try:
+            while not stop.is_set():
+                events = await self._next_events(stop)
+                for event in events:
+                    self._log_xid(event)
+                self._refresh()
+        finally:
+            self._nvml.shutdown()
+
+    async def _next_events(self, stop: asyncio.Event) -> list[XidEvent]:
+        wait = asyncio.ensure_future(self._nvml.next_events(PROBE_INTERVAL_S))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([wait, stopped], return_when=asyncio.FIRST_COMPLETED)
+            return wait.result() if wait.done() else []
+        except BackendError as exc:
+            log.error("nvml_events_failed", error=str(exc))
+            await asyncio.wait([stopped], timeout=PROBE_INTERVAL_S)
+            return []
+        finally:
+            wait.cancel()
+            stopped.cancel()
+
+    def _log_xid(self, event: XidEvent) -> None:
+        critical = xid.is_critical(event.xid, self._config.health.disabled_xids)
+        log.info("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
+
+    def _refresh(self) -> None:
+        """Probe every GPU and push the resulting health to each resource."""
+        healthy: dict[str, bool] = {}
+        for gpu in self.gpus:
+            try:
+                status = self._nvml.status(gpu.uuid)
+            except BackendError:
+                continue  # gone from NVML: no longer advertised
+            ok = xid.gpu_healthy(
+                status.lost, status.pending_xids, self._config.health.disabled_xids
+            )
+            healthy[gpu.uuid] = ok
+            self._log_transition(gpu.uuid, ok, status.lost, status.pending_xids)
+        for gone in set(self._healthy) - set(healthy):
+            log.warning("gpu_removed", gpu=gone)
+        self._healthy = healthy
+        for resource in self._resources:
+            resource.set_health(healthy)
+
+    def _log_transition(self, uuid: str, ok: bool, lost: bool, pending: frozenset[int]) -> None:
+        if self._healthy.get(uuid, True) == ok:
+            return
+        if ok:
+            log.info("device_healthy", gpu=uuid)
+            reason = "recovered"
+        else:
+            reason = xid.unhealthy_reason(lost, pending, self._config.health.disabled_xids) or "?"
+            log.warning("device_unhealthy", gpu=uuid, reason=reason)
+        for resource in self._resources:
+            self._telemetry.health_event(resource.name, reason)

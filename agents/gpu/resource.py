@@ -1,0 +1,149 @@
+"""One GPU resource: its devices, what Allocate hands out, and the preferred choice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agents.core import gpu_choice
+from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.topology import Distance
+from agents.errors import AllocationError, Code
+from agents.gpu.plan import ResourcePlan, Unit
+from agents.pairing import PairingSide
+from agents.plugin.resource import Inventory
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+CDI_KIND = "nvidia.com/gpu"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True)
+class AllocateOptions:
+    envvar: bool
+    cdi: bool
+    pass_device_specs: bool
+    fail_requests_greater_than_one: bool
+    minors: Mapping[str, int]  # physical GPU UUID -> /dev/nvidia<minor>
+    dev_root: str  # "" on a real node; the simulator's root on a simulated one
+
+
+class GpuResource:
+    """Serves one GPU resource name (whole GPUs, MIG instances or replicas)."""
+
+    def __init__(
+        self,
+        plan: ResourcePlan,
+        options: AllocateOptions,
+        *,
+        nvlinks: Mapping[frozenset[str], int],
+        pcie: Callable[[str, str], Distance],
+    ) -> None:
+        self._name = plan.name
+        self.plan = plan
+        self._units = {u.id: u for u in plan.units}
+        self._options = options
+        self._nvlinks = nvlinks  # keyed by physical GPU UUIDs
+        self._pcie = pcie  # on physical GPU UUIDs
+        self._inventory = Inventory(Device(u.id, True, u.numa) for u in plan.units)
+        self.pairing: PairingSide | None = None  # set when NICs are paired with these GPUs
+
+    @property
+    def whole_gpus(self) -> bool:
+        """Whether each device is one physical GPU (not a replica or a MIG instance)."""
+        return not self.plan.replicated and all(
+            u.visible_id == u.gpu_uuid for u in self._units.values()
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def inventory(self) -> Inventory:
+        return self._inventory
+
+    def unit(self, device_id: str) -> Unit:
+        return self._units[device_id]
+
+    def set_health(self, healthy_gpus: Mapping[str, bool]) -> bool:
+        """Apply each physical GPU's health to its units; units of GPUs missing from the
+        map are no longer advertised. True if anything changed."""
+        return self._inventory.replace(
+            Device(u.id, healthy_gpus[u.gpu_uuid], u.numa)
+            for u in self._units.values()
+            if u.gpu_uuid in healthy_gpus
+        )
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        units = [self._units[i] for i in device_ids]
+        if self.plan.replicated and self._options.fail_requests_greater_than_one and len(units) > 1:
+            raise AllocationError(
+                Code.INVALID_ARGUMENT,
+                f"{self._name}: a container may get at most one shared device, "
+                f"asked for {len(units)} ({', '.join(device_ids)})",
+            )
+        if self.pairing is not None:
+            self.pairing.allocated(device_ids)
+        visible = list(dict.fromkeys(u.visible_id for u in units))
+        opts = self._options
+        envs = {VISIBLE_DEVICES: ",".join(visible)} if opts.envvar else {}
+        cdi = tuple(f"{CDI_KIND}={v}" for v in visible) if opts.cdi else ()
+        specs: tuple[DeviceSpec, ...] = ()
+        if opts.pass_device_specs:
+            gpus = dict.fromkeys(u.gpu_uuid for u in units)
+            paths = [*CONTROL_DEVICES, *(f"/dev/nvidia{opts.minors[g]}" for g in gpus)]
+            specs = tuple(DeviceSpec(p, opts.dev_root + p, "rw") for p in paths)
+        return ContainerAllocation(envs=envs, devices=specs, cdi_devices=cdi)
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        if self.plan.replicated:
+            return self._spread(available, must_include, size)
+        if not self.whole_gpus:
+            return self._pack_mig(available, must_include, size)
+        if self.pairing is not None:
+            return self.pairing.prefer(available, must_include, size, self._interconnect_cost)
+        return gpu_choice.choose_gpus(
+            available,
+            must_include,
+            size,
+            nvlinks={
+                frozenset((a, b)): self._nvlinks.get(
+                    frozenset((self._units[a].gpu_uuid, self._units[b].gpu_uuid)), 0
+                )
+                for a in available
+                for b in available
+                if a < b
+            },
+            pcie=lambda a, b: self._pcie(self._units[a].gpu_uuid, self._units[b].gpu_uuid),
+        )
+
+    def _interconnect_cost(self, chosen: tuple[str, ...]) -> tuple[float, ...]:
+        """(-NVLinks, PCIe distance sum) over the pairs of a set: lower is better."""
+        gpus = [self._units[i].gpu_uuid for i in chosen]
+        links = pcie = 0
+        for n, a in enumerate(gpus):
+            for b in gpus[n + 1 :]:
+                links += self._nvlinks.get(frozenset((a, b)), 0)
+                pcie += int(self._pcie(a, b))
+        return (-links, pcie)
+
+    def _spread(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        total = Counter(u.gpu_uuid for u in self._units.values())
+        free = Counter(self._units[i].gpu_uuid for i in available)
+        in_use = {gpu: total[gpu] - free[gpu] for gpu in total}
+        return gpu_choice.spread_replicas(
+            available, must, size, gpu_of=lambda i: self._units[i].gpu_uuid, in_use=in_use
+        )
+
+    def _pack_mig(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
+        # Fill GPUs that already have the fewest free instances: keeps other GPUs whole.
+        free = Counter(self._units[i].gpu_uuid for i in available)
+        rest = sorted(
+            (i for i in available if i not in must),
+            key=lambda i: (free[self._units[i].gpu_uuid], self._units[i].gpu_uuid, i),
+        )
+        return [*must, *rest[: size - len(must)]]

@@ -1,0 +1,168 @@
+"""The kernel's sysfs as discovery reads it: PCI paths, NUMA nodes, vendors, RDMA devices.
+
+`Sysfs(root)` is a value; a simulated node passes the root of its materialised tree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.core.topology import PciLocation
+from agents.errors import BackendError
+
+
+@dataclass(frozen=True)
+class RdmaPort:
+    num: int
+    state: str  # "ACTIVE", "DOWN", ... (the word after "4: ")
+    link_layer: str  # "Ethernet" or "InfiniBand"
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    """One RDMA device (`mlx5_0`) and the PCI function behind it."""
+
+    name: str
+    pci: str  # 0000:1c:00.0
+    vendor: str  # "15b3"; "" if unknown
+    numa: int | None
+    netdevs: tuple[str, ...]
+    ports: tuple[RdmaPort, ...]
+    uverbs: str | None  # "uverbs0": /dev/infiniband/uverbs0
+
+
+@dataclass(frozen=True)
+class Sysfs:
+    """Read-only queries on a sysfs tree. Whatever is absent, or vanishes while being read,
+    answers "" (None for NUMA nodes); only a missing root raises BackendError."""
+
+    root: Path = Path("/sys")
+
+    def pci_devices(self) -> list[str]:
+        """Addresses of all PCI functions (bridges included), sorted."""
+        return sorted(self._names(self.root / "bus/pci/devices"))
+
+    def pci_real_path(self, addr: str) -> str:
+        """The device's directory relative to the root, without a leading slash:
+        `devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:1b:00.0`."""
+        link = self.root / "bus/pci/devices" / addr
+        try:
+            real = Path(os.path.realpath(link, strict=True))
+            return real.relative_to(self.root.resolve()).as_posix()
+        except (OSError, ValueError):
+            self._check_root()
+            return ""
+
+    def pci_location(self, addr: str) -> PciLocation | None:
+        """Where the device sits in the PCI tree; None if sysfs does not show it."""
+        path = self.pci_real_path(addr)
+        if not path:
+            return None
+        try:
+            return PciLocation.from_sysfs_path(path, self.numa_node(addr))
+        except ValueError:
+            return None
+
+    def numa_node(self, addr: str) -> int | None:
+        """The device's NUMA node; None when absent or unknown (the kernel's -1)."""
+        text = self._read(self.root / "bus/pci/devices" / addr / "numa_node")
+        return _numa(text)
+
+    def pci_vendor(self, addr: str) -> str:
+        """The vendor ID without `0x`, lower case: `15b3`."""
+        return _hex_id(self._read(self.root / "bus/pci/devices" / addr / "vendor"))
+
+    def netdev_operstate(self, ifname: str) -> str:
+        """`up`, `down`, ... from /sys/class/net/<if>/operstate."""
+        return self._read(self.root / "class/net" / ifname / "operstate") or ""
+
+    def port_state(self, rdma: str, port: int) -> str:
+        """`ACTIVE`, `DOWN`, ... of one port of an RDMA device."""
+        text = self._read(self.root / "class/infiniband" / rdma / "ports" / str(port) / "state")
+        return _port_state(text)
+
+    def rdma_devices(self) -> list[RdmaDevice]:
+        """Every RDMA device with a PCI function behind it, sorted by name."""
+        uverbs = self._uverbs_by_ibdev()
+        out: list[RdmaDevice] = []
+        for name in sorted(self._names(self.root / "class/infiniband")):
+            device = self._rdma_device(name, uverbs.get(name))
+            if device is not None:
+                out.append(device)
+        return out
+
+    def _rdma_device(self, name: str, uverbs: str | None) -> RdmaDevice | None:
+        base = self.root / "class/infiniband" / name
+        try:
+            pci_dir = Path(os.path.realpath(base / "device", strict=True))
+        except OSError:
+            return None
+        return RdmaDevice(
+            name=name,
+            pci=pci_dir.name,
+            vendor=_hex_id(self._read(pci_dir / "vendor")),
+            numa=_numa(self._read(pci_dir / "numa_node")),
+            netdevs=tuple(sorted(self._names(pci_dir / "net"))),
+            ports=self._ports(base / "ports"),
+            uverbs=uverbs,
+        )
+
+    def _ports(self, ports_dir: Path) -> tuple[RdmaPort, ...]:
+        out: list[RdmaPort] = []
+        for entry in self._names(ports_dir):
+            if not entry.isdigit():
+                continue
+            state = _port_state(self._read(ports_dir / entry / "state"))
+            layer = self._read(ports_dir / entry / "link_layer")
+            if state and layer:
+                out.append(RdmaPort(int(entry), state, layer))
+        return tuple(sorted(out, key=lambda p: p.num))
+
+    def _uverbs_by_ibdev(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        verbs = self.root / "class/infiniband_verbs"
+        for entry in sorted(self._names(verbs)):
+            ibdev = self._read(verbs / entry / "ibdev") if entry.startswith("uverbs") else None
+            if ibdev is not None:
+                out.setdefault(ibdev, entry)
+        return out
+
+    def _names(self, directory: Path) -> list[str]:
+        try:
+            return [entry.name for entry in os.scandir(directory)]
+        except OSError:
+            self._check_root()
+            return []
+
+    def _read(self, path: Path) -> str | None:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            self._check_root()
+            return None
+
+    def _check_root(self) -> None:
+        if not self.root.is_dir():
+            raise BackendError(f"no sysfs at {self.root}")
+
+
+def _numa(text: str | None) -> int | None:
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def _hex_id(text: str | None) -> str:
+    if not text:
+        return ""
+    return text.lower().removeprefix("0x")
+
+
+def _port_state(text: str | None) -> str:
+    if not text:
+        return ""
+    return text.split(":", 1)[-1].strip()

@@ -1,0 +1,172 @@
+"""Prometheus metrics and a /healthz probe on an HTTP endpoint that is off unless asked for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agents import __version__
+from agents.plugin.resource import Resource
+
+log = structlog.get_logger(__name__)
+
+RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    """The agent's metrics; implements the runtime's Telemetry hooks."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.rpc_seconds = Histogram(
+            "node_agent_rpc_duration_seconds",
+            "Device-plugin RPC latency, by resource, method and status code",
+            ["resource", "method", "code"],
+            buckets=RPC_BUCKETS,
+            registry=self.registry,
+        )
+        self.allocations = Counter(
+            "node_agent_allocations",
+            "Allocate container requests served",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.allocated_devices = Counter(
+            "node_agent_allocated_devices",
+            "Devices handed out by Allocate",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "node_agent_registrations",
+            "Successful registrations with the kubelet",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.health_events = Counter(
+            "node_agent_health_events",
+            "Device health transitions, by reason",
+            ["resource", "reason"],
+            registry=self.registry,
+        )
+        self._devices = _DeviceCollector(list)
+        self.registry.register(self._devices)
+
+    def watch_resources(self, resources: Callable[[], Iterable[Resource]]) -> None:
+        self._devices.resources = resources
+
+    def rpc_done(self, resource: str, method: str, seconds: float, code: str) -> None:
+        self.rpc_seconds.labels(resource, method, code).observe(seconds)
+
+    def allocated(self, resource: str, devices: int) -> None:
+        self.allocations.labels(resource).inc()
+        self.allocated_devices.labels(resource).inc(devices)
+
+    def registered(self, resource: str) -> None:
+        self.registrations.labels(resource).inc()
+
+    def health_event(self, resource: str, reason: str) -> None:
+        self.health_events.labels(resource, reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _DeviceCollector(Collector):
+    """Device counts by health, read from the inventories at scrape time."""
+
+    def __init__(self, resources: Callable[[], Iterable[Resource]]) -> None:
+        self.resources = resources
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        devices = GaugeMetricFamily(
+            "node_agent_devices",
+            "Advertised devices, by resource and health",
+            labels=["resource", "health"],
+        )
+        for resource in self.resources():
+            listed = resource.inventory.devices
+            healthy = sum(1 for d in listed if d.healthy)
+            devices.add_metric([resource.name, "Healthy"], healthy)
+            devices.add_metric([resource.name, "Unhealthy"], len(listed) - healthy)
+        yield devices
+        info = GaugeMetricFamily("node_agent_build_info", "Build of the agent", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+
+
+class MetricsServer:
+    """A minimal HTTP/1.1 server for GET /metrics and GET /healthz."""
+
+    def __init__(self, metrics: Metrics, address: str, healthy: Callable[[], bool]) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT, got {address!r}")
+        self._host, self._port = host.strip("[]"), int(port)
+        self._metrics = metrics
+        self._healthy = healthy
+        self._server: asyncio.base_events.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        sock: Any = self._server.sockets[0]
+        return int(sock.getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        log.info("metrics_serving", address=f"{self._host}:{self.port}")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            method, path, *_ = request.decode("latin-1").split(" ", 2)
+            status, body, ctype = self._route(method, path.split("?", 1)[0])
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            pass  # a client that sent no complete request gets nothing
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def _route(self, method: str, path: str) -> tuple[str, bytes, str]:
+        if method != "GET":
+            return "405 Method Not Allowed", b"GET only\n", "text/plain"
+        if path == "/metrics":
+            return "200 OK", self._metrics.exposition(), CONTENT_TYPE
+        if path == "/healthz":
+            if self._healthy():
+                return "200 OK", b"ok\n", "text/plain"
+            return "503 Service Unavailable", b"not serving\n", "text/plain"
+        return "404 Not Found", b"not found\n", "text/plain"
+
+
+async def serve_metrics(
+    metrics: Metrics, address: str, healthy: Callable[[], bool], stop: asyncio.Event
+) -> None:
+    """Serve /metrics and /healthz on `address` until `stop` is set."""
+    server = MetricsServer(metrics, address, healthy)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()

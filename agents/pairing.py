@@ -1,0 +1,155 @@
+"""The pairing ledger: what each container got so far, across the GPU and NIC resources.
+
+The kubelet never says which container a call is for. It does rename its checkpoint
+file once per container, after all of that container's devices are allocated; the
+plugin manager's directory watch reports each rename here, and pending events are
+drained before every decision, so two calls with no rename between them belong to
+one container. Without that signal, a resource allocated twice starts a new container.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agents.core import pairing
+from agents.core.pairing import PairView, Tiebreak
+from agents.core.topology import Topology
+
+if TYPE_CHECKING:
+    from agents.gpu.family import GpuFamily
+    from agents.plugin.manager import PluginManager
+    from agents.roce.family import RoceFamily
+
+log = structlog.get_logger(__name__)
+
+GPU, NIC = "gpu", "nic"
+_OTHER = {GPU: NIC, NIC: GPU}
+
+
+@dataclass
+class _Kind:
+    partners: Mapping[str, frozenset[str]]
+    free: set[str] = field(default_factory=set)
+    container: set[str] = field(default_factory=set)
+
+
+class PairingLedger:
+    """Shared by the whole-GPU resource and the NIC resource of one agent."""
+
+    def __init__(
+        self,
+        gpu_partners: Mapping[str, frozenset[str]],
+        nic_partners: Mapping[str, frozenset[str]],
+        *,
+        sync: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._kinds = {
+            GPU: _Kind(gpu_partners, set(gpu_partners)),
+            NIC: _Kind(nic_partners, set(nic_partners)),
+        }
+        self._sync = sync  # drains pending checkpoint events before a decision
+        self.checkpoint_seen = False
+        self._fallback_logged = False
+        self.containers = 0
+
+    def container_done(self) -> None:
+        """The kubelet renamed its checkpoint: the current container is complete."""
+        self.checkpoint_seen = True
+        self._end_container()
+
+    def _end_container(self) -> None:
+        self.containers += 1
+        for kind in self._kinds.values():
+            kind.container.clear()
+
+    def side(self, kind: str) -> PairingSide:
+        return PairingSide(self, kind)
+
+    def prefer(
+        self,
+        kind: str,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        tiebreak: Tiebreak | None,
+    ) -> list[str]:
+        self._sync()
+        this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
+        this.free = set(available) - set(must_include)
+        view = PairView(
+            partners=this.partners,
+            other_free=frozenset(other.free),
+            container_other=frozenset(other.container),
+            this_free=frozenset(this.free),
+        )
+        return pairing.prefer(available, must_include, size, view, tiebreak)
+
+    def allocated(self, kind: str, ids: Sequence[str]) -> None:
+        self._sync()
+        this = self._kinds[kind]
+        if this.container:
+            # Same resource twice in one container cannot happen: a boundary was missed.
+            if not self.checkpoint_seen and not self._fallback_logged:
+                log.warning(
+                    "pairing_without_checkpoint_signal",
+                    detail="the kubelet's checkpoint is not renamed per container here; "
+                    "containers are told apart by repeated resources instead",
+                )
+                self._fallback_logged = True
+            self._end_container()
+        this.container.update(ids)
+        this.free.difference_update(ids)
+
+
+@dataclass(frozen=True)
+class PairingSide:
+    """The ledger as one resource sees it."""
+
+    ledger: PairingLedger
+    kind: str
+
+    def prefer(
+        self,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        tiebreak: Tiebreak | None = None,
+    ) -> list[str]:
+        return self.ledger.prefer(self.kind, available, must_include, size, tiebreak)
+
+    def allocated(self, ids: Sequence[str]) -> None:
+        self.ledger.allocated(self.kind, ids)
+
+
+def attach_pairing(
+    gpu: GpuFamily | None, roce: RoceFamily | None, manager: PluginManager
+) -> PairingLedger | None:
+    """Pair the whole-GPU resource with the NIC resource, when the node has both."""
+    if gpu is None or roce is None:
+        return None
+    whole = [r for r in gpu.resources() if r.whole_gpus]
+    nics = {n.pci: n.location for n in roce.nics if n.location is not None}
+    if len(whole) != 1 or not nics:
+        return None
+    resource = whole[0]
+    by_uuid = {g.uuid: g.location for g in gpu.gpus if g.location is not None}
+    units = {d.id: resource.unit(d.id).gpu_uuid for d in resource.inventory.devices}
+    gpus = {unit: by_uuid[uuid] for unit, uuid in units.items() if uuid in by_uuid}
+    topology = Topology(gpus, nics)
+    gpu_partners = {g: topology.nearest_nics(g) for g in gpus}
+    nic_partners = {n: topology.nearest_gpus(n) for n in nics}
+    ledger = PairingLedger(gpu_partners, nic_partners, sync=manager.sync_directory)
+    manager.on_checkpoint = ledger.container_done
+    resource.pairing = ledger.side(GPU)
+    roce.resources()[0].pairing = ledger.side(NIC)
+    log.info(
+        "pairing_enabled",
+        gpus=len(gpus),
+        nics=len(nics),
+        pairs={g: sorted(p) for g, p in gpu_partners.items()},
+    )
+    return ledger

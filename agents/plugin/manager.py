@@ -1,0 +1,159 @@
+"""Keeps every resource served and registered with the kubelet, across kubelet restarts.
+
+The device-plugin directory is watched with inotify: a new kubelet.sock means a kubelet
+(re)start, a deleted socket of ours means the kubelet cleaned the directory; both lead
+to a fresh server and a new Register. A ListAndWatch stream the kubelet ends while we
+run also leads to a new Register, since the kubelet never reopens it by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+import structlog
+
+from agents.api import api_pb2 as pb
+from agents.api import api_pb2_grpc as pb_grpc
+from agents.hw.inotify import Change, DirectoryWatch, FsEvent
+from agents.plugin.resource import Resource
+from agents.plugin.server import DevicePluginServer
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+
+log = structlog.get_logger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+API_VERSION = "v1beta1"
+CHECKPOINT = "kubelet_internal_checkpoint"
+RETRY_INITIAL_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+class PluginManager:
+    """Serves `resources` from `plugin_dir` and keeps them registered until stopped."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        resources: Sequence[Resource],
+        *,
+        telemetry: Telemetry | None = None,
+        on_checkpoint: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self._telemetry = telemetry or NoTelemetry()
+        self.on_checkpoint = on_checkpoint
+        self.servers = {
+            r.name: DevicePluginServer(
+                r, plugin_dir, on_stream_lost=self._stream_lost, telemetry=self._telemetry
+            )
+            for r in resources
+        }
+        self._unregistered: set[str] = set(self.servers)
+        self._watch: DirectoryWatch | None = None
+        self._wake = asyncio.Event()
+        self.registrations = 0
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    def _stream_lost(self, resource: str) -> None:
+        self._unregistered.add(resource)
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve and register until `stop` is set; then stop every server (sockets removed)."""
+        with DirectoryWatch(self.plugin_dir) as watch:
+            watch.add_listener(self._checkpoint_listener)
+            self._watch = watch
+            try:
+                for server in self.servers.values():
+                    await server.start()
+                await self._loop(watch, stop)
+            finally:
+                self._watch = None
+                for server in self.servers.values():
+                    await server.stop()
+                log.info("plugins_stopped", resources=sorted(self.servers))
+
+    async def _loop(self, watch: DirectoryWatch, stop: asyncio.Event) -> None:
+        delay = RETRY_INITIAL_S
+        while not stop.is_set():
+            await self._handle(watch.drain())
+            if self._unregistered and self.kubelet_socket.exists():
+                registered_all = await self._register_pending()
+                delay = RETRY_INITIAL_S if registered_all else min(delay * 2, RETRY_MAX_S)
+            retry_in = delay if self._unregistered and self.kubelet_socket.exists() else None
+            await self._wait(watch, stop, retry_in)
+
+    async def _wait(
+        self, watch: DirectoryWatch, stop: asyncio.Event, retry_in: float | None
+    ) -> None:
+        """Sleep until a directory event, a lost stream, stop, or `retry_in` seconds."""
+        self._wake.clear()
+        events = asyncio.ensure_future(watch.next_batch())
+        others = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            done, _ = await asyncio.wait(
+                [events, *others], timeout=retry_in, return_when=asyncio.FIRST_COMPLETED
+            )
+            if events in done:
+                await self._handle(events.result())
+        finally:
+            for task in [events, *others]:
+                task.cancel()
+
+    def _checkpoint_listener(self, event: FsEvent) -> None:
+        if event.name == CHECKPOINT and event.change & Change.CREATED:
+            self.on_checkpoint()
+
+    def sync_directory(self) -> None:
+        """Take in directory events the kernel already has (checkpoint renames above all)."""
+        if self._watch is not None:
+            self._watch.poll()
+
+    async def _handle(self, events: list[FsEvent]) -> None:
+        for event in events:
+            if event.change & Change.DIR_GONE:
+                raise RuntimeError(f"device-plugin directory {self.plugin_dir} was removed")
+            if event.name == KUBELET_SOCKET and event.change & Change.CREATED:
+                log.info("kubelet_socket_created", path=str(self.kubelet_socket))
+                self._unregistered.update(self.servers)
+        for name, server in self.servers.items():
+            if not server.socket_present():
+                log.warning("plugin_socket_removed", resource=name)
+                await server.restart()
+                self._unregistered.add(name)
+
+    async def _register_pending(self) -> bool:
+        for name in sorted(self._unregistered):
+            if not await self._register(self.servers[name]):
+                return False
+            self._unregistered.discard(name)
+        return True
+
+    async def _register(self, server: DevicePluginServer) -> bool:
+        name = server.resource.name
+        if server.open_streams:
+            # An old stream ending after a new Register can cut the new endpoint off:
+            # serve afresh so every old stream is closed before we register.
+            await server.restart()
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=server.socket_path.name,
+            resource_name=name,
+            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        try:
+            async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                await pb_grpc.RegistrationStub(channel).Register(request, timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("register_failed", resource=name, code=exc.code().name, error=exc.details())
+            return False
+        self.registrations += 1
+        self._telemetry.registered(name)
+        log.info("registered", resource=name, endpoint=server.socket_path.name)
+        return True

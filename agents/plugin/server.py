@@ -1,0 +1,223 @@
+"""One DevicePlugin gRPC server for one resource, on its own 0600 unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from agents.api import api_pb2 as pb
+from agents.api import api_pb2_grpc as pb_grpc
+from agents.errors import AllocationError, Code
+from agents.plugin import requests, wire
+from agents.plugin.resource import Resource
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+
+log = structlog.get_logger(__name__)
+
+_CODES = {
+    Code.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    Code.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+    Code.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+T = TypeVar("T")
+
+
+def socket_name(resource: str) -> str:
+    """nvidia.com/gpu -> node-agent-nvidia.com-gpu.sock (a plain file name)."""
+    return "node-agent-" + re.sub(r"[^A-Za-z0-9_.-]", "-", resource) + ".sock"
+
+
+class DevicePluginServer:
+    """Serves one resource; `start()` returns once the socket answers, `stop()` is idempotent.
+
+    on_stream_lost is called when the kubelet ends a ListAndWatch stream while we serve:
+    the kubelet never reopens it by itself, so the owner must register again.
+    """
+
+    def __init__(
+        self,
+        resource: Resource,
+        plugin_dir: Path,
+        *,
+        on_stream_lost: Callable[[str], None] = lambda _name: None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.resource = resource
+        self.socket_path = plugin_dir / socket_name(resource.name)
+        self._on_stream_lost = on_stream_lost
+        self._telemetry = telemetry or NoTelemetry()
+        self._server: Any = None
+        self._closing = asyncio.Event()
+        self._streams = 0
+        self._socket_inode: int | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    @property
+    def open_streams(self) -> int:
+        return self._streams
+
+    def socket_present(self) -> bool:
+        """True while our own socket file (not a stale or foreign one) is in place."""
+        try:
+            return os.stat(self.socket_path).st_ino == self._socket_inode
+        except FileNotFoundError:
+            return False
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._closing = asyncio.Event()
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        # Created 0600 from the first instant: the umask covers the bind itself.
+        old_umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        finally:
+            os.umask(old_umask)
+        await server.start()
+        os.chmod(self.socket_path, 0o600)
+        self._socket_inode = os.stat(self.socket_path).st_ino
+        self._server = server
+        await self._wait_answering()
+        log.info("plugin_serving", resource=self.resource.name, socket=str(self.socket_path))
+
+    async def _wait_answering(self) -> None:
+        async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
+            stub = pb_grpc.DevicePluginStub(channel)
+            await stub.GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """End open streams, stop serving and remove our socket. Safe to call twice."""
+        self._closing.set()
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        if self.socket_present():
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._socket_inode = None
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+    async def stream(self) -> AsyncIterator[pb.ListAndWatchResponse]:
+        """The ListAndWatch stream: the full list now, then on every change."""
+        inventory = self.resource.inventory
+        closing = self._closing
+        self._streams += 1
+        sent = -1
+        try:
+            while not closing.is_set():
+                if inventory.version != sent:
+                    sent = inventory.version
+                    yield wire.list_message(inventory.devices)
+                    continue
+                await _first(inventory.wait_newer(sent), closing.wait())
+        except asyncio.CancelledError:
+            if not closing.is_set():
+                log.warning("list_and_watch_cancelled", resource=self.resource.name)
+                self._on_stream_lost(self.resource.name)
+            raise
+        finally:
+            self._streams -= 1
+
+    async def observed(self, method: str, call: Callable[[], Awaitable[T]], context: Any) -> T:
+        """Run one unary RPC: map AllocationError to its status, never let others escape."""
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            return await call()
+        except AllocationError as exc:
+            code = exc.code.value
+            log.warning(
+                "request_refused", resource=self.resource.name, method=method, error=str(exc)
+            )
+            await context.abort(_CODES[exc.code], str(exc))
+            raise  # abort raises; this keeps the type checker honest
+        except Exception as exc:
+            if isinstance(exc, asyncio.CancelledError | grpc.aio.AbortError):
+                raise
+            code = "INTERNAL"
+            log.exception("request_failed", resource=self.resource.name, method=method)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{method} failed: {exc}")
+            raise
+        finally:
+            self._telemetry.rpc_done(
+                self.resource.name, method, time.perf_counter() - started, code
+            )
+
+
+async def _first(*waits: Awaitable[object]) -> None:
+    """Wait until the first of several awaitables completes; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
+    def __init__(self, server: DevicePluginServer) -> None:
+        self._server = server
+        self._resource = server.resource
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> Any:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[Any]:
+        async for message in self._server.stream():
+            yield message
+
+    async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        async def call() -> pb.PreferredAllocationResponse:
+            return pb.PreferredAllocationResponse(
+                container_responses=[self._prefer(req) for req in request.container_requests]
+            )
+
+        return await self._server.observed("GetPreferredAllocation", call, context)
+
+    def _prefer(self, req: Any) -> pb.ContainerPreferredAllocationResponse:
+        available = list(req.available_deviceIDs)
+        must = list(req.must_include_deviceIDs)
+        size = int(req.allocation_size)
+        resource = self._resource
+        requests.check_preferred(resource.inventory, available, must, size, resource.name)
+        answer = resource.preferred(available, must, size)
+        if not requests.check_answer(answer, available, must, size):
+            log.error("preferred_answer_invalid", resource=resource.name, answer=answer)
+            answer = must + [d for d in available if d not in must][: size - len(must)]
+        return pb.ContainerPreferredAllocationResponse(deviceIDs=answer)
+
+    async def Allocate(self, request: Any, context: Any) -> Any:
+        async def call() -> pb.AllocateResponse:
+            responses = []
+            resource = self._resource
+            for req in request.container_requests:
+                ids = list(req.devicesIDs)
+                requests.check_allocate(resource.inventory, ids, resource.name)
+                responses.append(wire.allocation_message(resource.allocate(ids)))
+                log.info("allocated", resource=resource.name, devices=ids)
+                self._server._telemetry.allocated(resource.name, len(ids))
+            return pb.AllocateResponse(container_responses=responses)
+
+        return await self._server.observed("Allocate", call, context)
+
+    async def PreStartContainer(self, request: Any, context: Any) -> Any:
+        return pb.PreStartContainerResponse()

@@ -1,0 +1,117 @@
+"""The RoCE family: discovers NICs and keeps their health from link and RDMA port state.
+
+Link changes are pushed by the kernel (netlink) and wake the loop at once; the RDMA
+port state in sysfs is a second signal, read on every wake and once per PORT_POLL_S.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import structlog
+
+from agents.config import Config
+from agents.core.debounce import Debouncer
+from agents.hw.netlink import LinkMonitor, LinkState
+from agents.hw.sysfs import Sysfs
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+from agents.roce.discovery import Nic, discover
+from agents.roce.resource import RoceResource
+
+log = structlog.get_logger(__name__)
+
+PORT_POLL_S = 1.0
+FLAP_HOLD_S = 2.0  # after a reported change, later flaps of that NIC wait this long
+ACTIVE = "ACTIVE"
+
+
+class RoceFamily:
+    name = "roce"
+
+    def __init__(
+        self,
+        sysfs: Sysfs,
+        links: LinkMonitor,
+        config: Config,
+        *,
+        dev_root: Path | None = None,
+        telemetry: Telemetry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._sysfs = sysfs
+        self._links = links
+        self._selectors = config.roce.selectors
+        self._telemetry = telemetry or NoTelemetry()
+        self._clock = clock
+        self._health: Debouncer[str, bool] = Debouncer(FLAP_HOLD_S)
+        self._resource = RoceResource(
+            config.roce.resource_name, [], dev_root="" if dev_root is None else str(dev_root)
+        )
+        self._nics: list[Nic] = []
+
+    def start(self) -> None:
+        self._nics = discover(self._sysfs, self._selectors)
+        self._refresh()
+        log.info("nics_discovered", count=len(self._nics), nics=[n.pci for n in self._nics])
+
+    def resources(self) -> Sequence[RoceResource]:
+        return [self._resource]
+
+    @property
+    def nics(self) -> list[Nic]:
+        return self._nics
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                changed = await self._wait(stop)
+                if changed:
+                    self._nics = discover(self._sysfs, self._selectors)
+                self._refresh()
+        finally:
+            self._links.close()
+
+    async def _wait(self, stop: asyncio.Event) -> bool:
+        due = self._health.next_due()
+        timeout = PORT_POLL_S if due is None else max(0.0, min(PORT_POLL_S, due - self._clock()))
+        change = asyncio.ensure_future(self._links.next_change(timeout))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([change, stopped], return_when=asyncio.FIRST_COMPLETED)
+            return change.done() and change.result()
+        finally:
+            change.cancel()
+            stopped.cancel()
+
+    def _state(self, nic: Nic) -> tuple[bool, str]:
+        link = self._links.state(nic.netdev)
+        if link is not LinkState.UP:
+            return False, f"link_{link.value}"
+        port = self._sysfs.port_state(nic.rdma, nic.port)
+        if port != ACTIVE:
+            return False, f"port_{(port or 'absent').lower()}"
+        return True, "up"
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        before = {n.pci: self._health.value(n.pci) for n in self._nics}
+        reasons = {}
+        for nic in self._nics:
+            ok, reasons[nic.pci] = self._state(nic)
+            self._health.observe(nic.pci, ok, now)
+        self._health.flush_due(now)
+        healthy = {n.pci: bool(self._health.value(n.pci)) for n in self._nics}
+        for nic in self._nics:
+            if before[nic.pci] is not None and before[nic.pci] != healthy[nic.pci]:
+                self._report(nic, healthy[nic.pci], reasons[nic.pci])
+        self._resource.set_nics(self._nics, healthy)
+
+    def _report(self, nic: Nic, ok: bool, reason: str) -> None:
+        if ok:
+            log.info("device_healthy", nic=nic.pci, netdev=nic.netdev)
+        else:
+            log.warning("device_unhealthy", nic=nic.pci, netdev=nic.netdev, reason=reason)
+        self._telemetry.health_event(self._resource.name, "recovered" if ok else reason)

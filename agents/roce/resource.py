@@ -1,0 +1,70 @@
+"""The RoCE resource: NIC functions, their device nodes and NCCL environment on Allocate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.pairing import PairingSide
+from agents.plugin.resource import Inventory
+from agents.roce.discovery import Nic
+
+RDMA_CM = "/dev/infiniband/rdma_cm"
+HCA_ENV = "NCCL_IB_HCA"
+NETDEVS_ENV = "RDMA_NETDEVS"
+
+
+class RoceResource:
+    def __init__(self, name: str, nics: Sequence[Nic], *, dev_root: str = "") -> None:
+        self._name = name
+        self._dev_root = dev_root
+        self.nics: dict[str, Nic] = {}
+        self._inventory = Inventory()
+        self.pairing: PairingSide | None = None  # set when these NICs are paired with GPUs
+        self.set_nics(nics, {n.pci: True for n in nics})
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def inventory(self) -> Inventory:
+        return self._inventory
+
+    def set_nics(self, nics: Sequence[Nic], healthy: Mapping[str, bool]) -> bool:
+        """Advertise exactly these NICs with this health; True if the list changed."""
+        self.nics = {n.pci: n for n in nics}
+        return self._inventory.replace(
+            Device(n.pci, healthy.get(n.pci, False), n.numa) for n in nics
+        )
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        nics = [self.nics[i] for i in device_ids]
+        if self.pairing is not None:
+            self.pairing.allocated(device_ids)
+        paths = [f"/dev/infiniband/{n.uverbs}" for n in nics] + [RDMA_CM]
+        return ContainerAllocation(
+            envs={
+                # "=" asks NCCL for exact names: mlx5_1 must not also match mlx5_10.
+                HCA_ENV: "=" + ",".join(f"{n.rdma}:{n.port}" for n in nics),
+                NETDEVS_ENV: ",".join(n.netdev for n in nics),
+            },
+            devices=tuple(DeviceSpec(p, self._dev_root + p, "rw") for p in paths),
+        )
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        if self.pairing is not None:
+            return self.pairing.prefer(available, must_include, size, self._numa_spread)
+        # Without a GPU partner: stay on the NUMA node of what is already chosen.
+        numas = {self.nics[i].numa for i in must_include}
+        rest = sorted(
+            (i for i in available if i not in must_include),
+            key=lambda i: (self.nics[i].numa not in numas, self.nics[i].numa or 0, i),
+        )
+        return [*must_include, *rest[: size - len(must_include)]]
+
+    def _numa_spread(self, chosen: tuple[str, ...]) -> tuple[float, ...]:
+        """Fewer NUMA nodes first: the tie-break once pairing has had its say."""
+        return (len({self.nics[i].numa for i in chosen}),)

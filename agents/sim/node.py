@@ -1,0 +1,208 @@
+"""The simulated node file (SPEC section 6): its model and a strict parser.
+
+Every mistake is a ConfigError naming the file, the key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agents.core.pci import is_pci_address
+from agents.errors import ConfigError
+from agents.hw.nvml import MigInstance
+from agents.sim.checks import check_node
+from agents.sim.fields import Fields, MappingValue
+
+DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
+DEFAULT_MEMORY_MIB = 81559
+PCI_FORM = 'a quoted PCI address "dddd:bb:dd.f" (lower-case hex)'
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    uuid: str
+    pci: str
+    upstream: tuple[str, ...] = ()  # bridges, root port first
+    numa: int | None = 0
+    model: str = DEFAULT_MODEL
+    memory_mib: int = DEFAULT_MEMORY_MIB
+    minor: int = 0
+    nvlinks: tuple[str, ...] = ()  # peer GPU UUIDs
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    xids: tuple[int, ...] = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class NicSpec:
+    pci: str
+    netdev: str
+    upstream: tuple[str, ...] = ()
+    numa: int | None = 0
+    rdma: str | None = None  # None: a NIC without an RDMA device
+    vendor: str = "15b3"
+    link_layer: str = "Ethernet"  # Ethernet | InfiniBand
+    link: str = "up"  # up | down
+    uverbs: int | None = None  # /dev/infiniband/uverbs<N>; None without rdma
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    numa_nodes: int = 1
+    gpus: tuple[GpuSpec, ...] = ()
+    nics: tuple[NicSpec, ...] = ()
+
+    @property
+    def devices(self) -> tuple[GpuSpec | NicSpec, ...]:
+        """GPUs then NICs."""
+        return (*self.gpus, *self.nics)
+
+    def gpu(self, uuid: str) -> GpuSpec | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def nic_by_netdev(self, netdev: str) -> NicSpec | None:
+        return next((n for n in self.nics if n.netdev == netdev), None)
+
+
+def load_node(path: Path) -> NodeSpec:
+    """Read and parse a node file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), "<file>", f"a readable file ({exc.strerror})") from exc
+    return parse_node(text, str(path))
+
+
+def parse_node(text: str, source: str) -> NodeSpec:
+    """Parse the text of a node file; `source` names it in errors."""
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "<document>"
+        raise ConfigError(source, where, f"valid YAML ({getattr(exc, 'problem', exc)})") from exc
+    f = Fields(source)
+    if doc is None:  # also what a reader sees while a writer has just truncated the file
+        f.fail("<document>", "a node: a mapping of numaNodes, gpus, nics (the file is empty)")
+    top = f.mapping(doc, "", {"numaNodes", "gpus", "nics"})
+    gpu_docs = f.items(top, "", "gpus")
+    nic_docs = f.items(top, "", "nics")
+    gpus = tuple(_gpu(f, m, f"gpus[{i}]", i) for i, m in enumerate(gpu_docs))
+    nics = tuple(_nic(f, m, f"nics[{i}]") for i, m in enumerate(nic_docs))
+    devices: list[GpuSpec | NicSpec] = [*gpus, *nics]
+    numas = [d.numa for d in devices if d.numa is not None]
+    numa_nodes = f.integer(top, "", "numaNodes", max(numas, default=0) + 1, minimum=0)
+    node = NodeSpec(numa_nodes, gpus, nics)
+    check_node(f, node)
+    return node
+
+
+_GPU_KEYS = {
+    *("uuid", "pci", "upstream", "numa", "model", "memoryMiB", "minor"),
+    *("nvlinks", "mig", "xids", "lost"),
+}
+
+
+def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
+    m = f.mapping(doc, path, _GPU_KEYS)
+    uuid = f.string(m, path, "uuid", None, pattern=r"GPU-\S+", expected="a UUID GPU-…")
+    mig_enabled, instances = _mig(f, m, path)
+    return GpuSpec(
+        uuid=uuid,
+        pci=_pci(f, m, path),
+        upstream=_upstream(f, m, path),
+        numa=f.optional_int(m, path, "numa", 0),
+        model=f.string(m, path, "model", DEFAULT_MODEL),
+        memory_mib=f.integer(m, path, "memoryMiB", DEFAULT_MEMORY_MIB, minimum=1),
+        minor=f.integer(m, path, "minor", position, minimum=0),
+        nvlinks=tuple(f.strings(m, path, "nvlinks")),
+        mig_enabled=mig_enabled,
+        mig_instances=instances,
+        xids=tuple(f.ints(m, path, "xids", minimum=1)),
+        lost=f.boolean(m, path, "lost", False),
+    )
+
+
+def _mig(f: Fields, m: MappingValue, path: str) -> tuple[bool, tuple[MigInstance, ...]]:
+    if "mig" not in m:
+        return False, ()
+    mig_path = f"{path}.mig"
+    mig = f.mapping(m["mig"], mig_path, {"enabled", "instances"})
+    out: list[MigInstance] = []
+    for i, doc in enumerate(f.items(mig, mig_path, "instances")):
+        p = f"{mig_path}.instances[{i}]"
+        inst = f.mapping(doc, p, {"uuid", "profile"})
+        uuid = f.string(inst, p, "uuid", None, pattern=r"MIG-\S+", expected="a UUID MIG-…")
+        profile = f.string(
+            inst,
+            p,
+            "profile",
+            None,
+            pattern=r"\d+g\.\d+gb(\+me)?",
+            expected="a MIG profile like 1g.10gb",
+        )
+        out.append(MigInstance(uuid, profile))
+    return f.boolean(mig, mig_path, "enabled", False), tuple(out)
+
+
+_NIC_KEYS = {
+    *("pci", "upstream", "numa", "netdev", "rdma", "vendor", "linkLayer", "link", "uverbs"),
+}
+
+
+def _nic(f: Fields, doc: object, path: str) -> NicSpec:
+    m = f.mapping(doc, path, _NIC_KEYS)
+    rdma = f.optional_string(m, path, "rdma", r"[A-Za-z][\w.-]*", "an RDMA device name")
+    return NicSpec(
+        pci=_pci(f, m, path),
+        netdev=f.string(
+            m,
+            path,
+            "netdev",
+            None,
+            pattern=r"[\w.:-]{1,15}",
+            expected="an interface name (at most 15 characters)",
+        ),
+        upstream=_upstream(f, m, path),
+        numa=f.optional_int(m, path, "numa", 0),
+        rdma=rdma,
+        vendor=f.string(
+            m,
+            path,
+            "vendor",
+            "15b3",
+            pattern=r"[0-9a-f]{4}",
+            expected='a quoted vendor ID of 4 lower-case hex digits, e.g. "15b3"',
+        ),
+        link_layer=f.choice(m, path, "linkLayer", ("Ethernet", "InfiniBand"), "Ethernet"),
+        link=f.choice(m, path, "link", ("up", "down"), "up"),
+        uverbs=_uverbs(f, m, path, rdma),
+    )
+
+
+def _uverbs(f: Fields, m: MappingValue, path: str, rdma: str | None) -> int | None:
+    explicit = f.optional_int(m, path, "uverbs", None)
+    if explicit is not None or rdma is None:
+        return explicit
+    digits = re.search(r"(\d+)$", rdma)
+    if digits is None:
+        raise ConfigError(f.source, f"{path}.uverbs", "a number (rdma has no trailing index)")
+    return int(digits.group(1))
+
+
+def _pci(f: Fields, m: MappingValue, path: str) -> str:
+    return f.string(m, path, "pci", None, pattern=None, expected=PCI_FORM, check=is_pci_address)
+
+
+def _upstream(f: Fields, m: MappingValue, path: str) -> tuple[str, ...]:
+    out = f.strings(m, path, "upstream")
+    for i, addr in enumerate(out):
+        if not is_pci_address(addr):
+            raise ConfigError(f.source, f"{path}.upstream[{i}]", PCI_FORM)
+    return tuple(out)

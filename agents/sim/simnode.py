@@ -1,0 +1,132 @@
+"""A simulated node: the node file, its sysfs tree, fake NVML and link states, kept in
+step with edits of the file (fault injection) while the agent runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TypeVar
+
+import structlog
+
+from agents.errors import ConfigError
+from agents.hw.inotify import Change, DirectoryWatch
+from agents.hw.netlink import LinkMonitor
+from agents.hw.sysfs import Sysfs
+from agents.sim.links import SimLinkMonitor
+from agents.sim.node import NodeSpec, parse_node
+from agents.sim.nvml import SimNvml
+from agents.sim.sysfs_tree import SysfsTree
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
+
+
+class SimulatedNode:
+    """`load()` once, then `run(stop)` applies every valid edit of the node file."""
+
+    def __init__(self, node_file: Path, root: Path, host_links: LinkMonitor | None = None) -> None:
+        self.node_file = node_file
+        self.tree = SysfsTree(root)
+        self.sysfs = Sysfs(self.tree.sys)
+        self.version = 0  # edits applied; 1 after load()
+        self.rejected = 0  # edits refused (malformed or unreadable)
+        self._host_links = host_links
+        self._spec: NodeSpec | None = None
+        self._nvml: SimNvml | None = None
+        self._links: SimLinkMonitor | None = None
+        self._applied = asyncio.Event()
+        self.watching = asyncio.Event()  # set once run() sees every later edit
+
+    @property
+    def dev_root(self) -> Path:
+        """Where device nodes live: host_path = str(dev_root) + container_path."""
+        return self.tree.dev_root
+
+    @property
+    def spec(self) -> NodeSpec:
+        return _loaded(self._spec)
+
+    @property
+    def nvml(self) -> SimNvml:
+        return _loaded(self._nvml)
+
+    @property
+    def links(self) -> SimLinkMonitor:
+        return _loaded(self._links)
+
+    def load(self) -> NodeSpec:
+        """Parse the file and build everything; ConfigError when it is malformed."""
+        spec = parse_node(self.node_file.read_text(), str(self.node_file))
+        self.tree.apply(spec)
+        self._nvml = SimNvml(spec)
+        self._links = SimLinkMonitor(spec, self._host_links)
+        self._applied_now(spec)
+        return spec
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch the node file until `stop` is set; apply each valid edit."""
+        if self._spec is None:
+            self.load()
+        with DirectoryWatch(self.node_file.parent, Change.CREATED | Change.WRITTEN) as watch:
+            await self.reload()  # an edit made before the watch began
+            self.watching.set()
+            while True:
+                batch = await _unless_stopped(watch.next_batch(), stop)
+                if batch is None:
+                    return
+                if any(event.name == self.node_file.name for event in batch):
+                    await self.reload()
+
+    async def reload(self) -> bool:
+        """Re-read the file; True when it changed the node. Bad edits change nothing."""
+        source = str(self.node_file)
+        try:
+            text = await asyncio.to_thread(self.node_file.read_text)
+            spec = parse_node(text, source)
+        except (OSError, ConfigError) as exc:
+            self.rejected += 1
+            log.warning("node_file_invalid", file=source, error=str(exc))
+            return False
+        if spec == self._spec:
+            return False
+        await asyncio.to_thread(self.tree.apply, spec)
+        self.nvml.update(spec)
+        self.links.update(spec)
+        self._applied_now(spec)
+        log.info("node_file_applied", file=source, version=self.version)
+        return True
+
+    async def wait_version(self, version: int) -> None:
+        """Wait until at least `version` edits have been applied."""
+        while self.version < version:
+            await self._applied.wait()
+
+    def _applied_now(self, spec: NodeSpec) -> None:
+        self._spec = spec
+        self.version += 1
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
+
+
+def _loaded(value: T | None) -> T:
+    if value is None:
+        raise RuntimeError("SimulatedNode.load() has not run")
+    return value
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """The result of `work`, or None as soon as `stop` is set."""
+    task = asyncio.ensure_future(work)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, stopper):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+    return None if task.cancelled() else task.result()

@@ -1,0 +1,181 @@
+"""Materialise a node file as a sysfs tree in the kernel's layout, plus its device nodes.
+
+`SysfsTree(root).apply(node)` builds <root>/sys and <root>/dev, or brings them to a new node.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.core.pci import host_bridge
+from agents.sim.devnodes import DeviceNodes
+from agents.sim.node import GpuSpec, NicSpec, NodeSpec
+
+GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "0x10de", "0x2330", "0x030200"
+BRIDGE_VENDOR, BRIDGE_DEVICE, BRIDGE_CLASS = "0x1000", "0xc030", "0x060400"
+NIC_DEVICE = "0x101d"
+NIC_CLASS = {"Ethernet": "0x020000", "InfiniBand": "0x020700"}
+
+
+@dataclass(frozen=True)
+class _Function:
+    """One PCI function to materialise: where it lives and its identity files."""
+
+    rel: str  # relative to sys/: devices/pci0000:16/…/0000:1b:00.0
+    vendor: str
+    device: str
+    pci_class: str
+    numa: int | None
+
+
+class SysfsTree:
+    """The simulated node's files under `root`: sysfs in root/sys, devices in root/dev."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sys = root / "sys"
+        self.dev = DeviceNodes(root)
+        self._staging = root / ".staging"
+
+    @property
+    def dev_root(self) -> Path:
+        """Where device nodes live: host_path = str(dev_root) + container_path."""
+        return self.root
+
+    def apply(self, node: NodeSpec) -> None:
+        """Bring the tree to `node`: states change in place, vanished devices go, new
+        ones appear. Each file and link is replaced atomically."""
+        self._staging.mkdir(parents=True, exist_ok=True)
+        functions = _functions(node)
+        self._remove_stale(functions)
+        for addr, fn in functions.items():
+            self._write_function(addr, fn)
+        for gpu in node.gpus:
+            self._prune(self._device_dir(functions, gpu.pci), set())
+        for nic in node.nics:
+            self._write_nic(self._device_dir(functions, nic.pci), nic)
+        self._prune_class_links(node)
+        self.dev.apply(node)
+
+    def _device_dir(self, functions: dict[str, _Function], addr: str) -> Path:
+        return self.sys / functions[addr].rel
+
+    def _remove_stale(self, functions: dict[str, _Function]) -> None:
+        links = self.sys / "bus/pci/devices"
+        for entry in _listdir(links):
+            want = functions.get(entry)
+            have = os.path.realpath(links / entry)
+            if want is None or have != os.path.realpath(self.sys / want.rel):
+                (links / entry).unlink(missing_ok=True)
+                shutil.rmtree(have, ignore_errors=True)
+        hosts = {fn.rel.split("/")[1] for fn in functions.values()}
+        for entry in _listdir(self.sys / "devices"):
+            if entry.startswith("pci") and entry not in hosts:
+                shutil.rmtree(self.sys / "devices" / entry, ignore_errors=True)
+
+    def _write_function(self, addr: str, fn: _Function) -> None:
+        path = self.sys / fn.rel
+        path.mkdir(parents=True, exist_ok=True)
+        self._write(path / "vendor", fn.vendor)
+        self._write(path / "device", fn.device)
+        self._write(path / "class", fn.pci_class)
+        self._write(path / "numa_node", str(-1 if fn.numa is None else fn.numa))
+        self._link(self.sys / "bus/pci/devices" / addr, path)
+
+    def _write_nic(self, pci_dir: Path, nic: NicSpec) -> None:
+        self._prune(pci_dir / "net", {nic.netdev})
+        net = pci_dir / "net" / nic.netdev
+        net.mkdir(parents=True, exist_ok=True)
+        self._write(net / "operstate", nic.link)
+        self._link(net / "device", pci_dir)
+        self._link(self.sys / "class/net" / nic.netdev, net)
+        has_rdma = nic.rdma is not None and nic.uverbs is not None
+        self._prune(pci_dir, {"net", "infiniband", "infiniband_verbs"} if has_rdma else {"net"})
+        if nic.rdma is None or nic.uverbs is None:
+            return
+        self._prune(pci_dir / "infiniband", {nic.rdma})
+        ib = pci_dir / "infiniband" / nic.rdma
+        (ib / "ports/1").mkdir(parents=True, exist_ok=True)
+        up = nic.link == "up"
+        self._write(ib / "ports/1/state", "4: ACTIVE" if up else "1: DOWN")
+        self._write(ib / "ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
+        self._write(ib / "ports/1/link_layer", nic.link_layer)
+        self._link(ib / "device", pci_dir)
+        self._link(self.sys / "class/infiniband" / nic.rdma, ib)
+        uverbs = f"uverbs{nic.uverbs}"
+        self._prune(pci_dir / "infiniband_verbs", {uverbs})
+        verbs = pci_dir / "infiniband_verbs" / uverbs
+        verbs.mkdir(parents=True, exist_ok=True)
+        self._write(verbs / "ibdev", nic.rdma)
+        self._write(verbs / "dev", f"231:{192 + nic.uverbs}")
+        self._link(verbs / "device", pci_dir)
+        self._link(self.sys / "class/infiniband_verbs" / uverbs, verbs)
+
+    def _prune_class_links(self, node: NodeSpec) -> None:
+        rdma = [n for n in node.nics if n.rdma is not None and n.uverbs is not None]
+        keep = {
+            "net": {n.netdev for n in node.nics},
+            "infiniband": {str(n.rdma) for n in rdma},
+            "infiniband_verbs": {f"uverbs{n.uverbs}" for n in rdma},
+        }
+        for cls, names in keep.items():
+            for entry in _listdir(self.sys / "class" / cls):
+                if entry not in names:
+                    (self.sys / "class" / cls / entry).unlink(missing_ok=True)
+
+    def _prune(self, directory: Path, keep: set[str]) -> None:
+        """Remove the subdirectories of a device directory that are not in `keep`."""
+        for entry in _listdir(directory):
+            path = directory / entry
+            if entry not in keep and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _write(self, path: Path, text: str) -> None:
+        data = text + "\n"
+        try:
+            if path.read_text() == data:
+                return
+        except OSError:
+            pass
+        tmp = self._staging / f"{path.name}.{os.getpid()}"
+        tmp.write_text(data)
+        os.replace(tmp, path)
+
+    def _link(self, link: Path, target: Path) -> None:
+        rel = os.path.relpath(target, link.parent)
+        if os.path.islink(link) and os.readlink(link) == rel:
+            return
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._staging / f"{link.name}.{os.getpid()}.link"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(rel)
+        os.replace(tmp, link)
+
+
+def _functions(node: NodeSpec) -> dict[str, _Function]:
+    """Every PCI function of the node, bridges included, keyed by address."""
+    out: dict[str, _Function] = {}
+    for dev in node.devices:
+        rel = f"devices/{host_bridge(dev.pci, dev.upstream)}"
+        for bridge in dev.upstream:
+            rel = f"{rel}/{bridge}"
+            if bridge not in out:
+                out[bridge] = _Function(rel, BRIDGE_VENDOR, BRIDGE_DEVICE, BRIDGE_CLASS, dev.numa)
+        out[dev.pci] = _identity(f"{rel}/{dev.pci}", dev)
+    return out
+
+
+def _identity(rel: str, dev: GpuSpec | NicSpec) -> _Function:
+    if isinstance(dev, GpuSpec):
+        return _Function(rel, GPU_VENDOR, GPU_DEVICE, GPU_CLASS, dev.numa)
+    return _Function(rel, f"0x{dev.vendor}", NIC_DEVICE, NIC_CLASS[dev.link_layer], dev.numa)
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []

@@ -1,0 +1,116 @@
+"""`node-agent topo`: the node's GPUs and NICs, their distance matrix and GPU<->NIC pairs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.config import Config, load_config
+from agents.core.topology import Distance, PciLocation, Topology
+from agents.daemon import Backends, real_backends, simulated_backends
+from agents.gpu.discovery import Gpu, discover
+from agents.roce.discovery import Nic
+from agents.roce.discovery import discover as discover_nics
+
+LEGEND = (
+    "PIX = at most one PCIe switch between them; PXB = several switches, no host bridge;\n"
+    "PHB = through a PCIe host bridge; NODE = between host bridges of one NUMA node;\n"
+    "SYS = across NUMA nodes. A GPU's pairs are the NICs at its smallest distance."
+)
+
+
+async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
+    config = load_config(config_file) if config_file else Config.default()
+    backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
+        simulated_backends(simulate) if simulate else contextlib.nullcontext(real_backends(config))
+    )
+    async with backends_cm as backends:
+        backends.nvml.init()
+        try:
+            gpus = discover(backends.nvml, backends.sysfs)
+        finally:
+            backends.nvml.shutdown()
+        nics = discover_nics(backends.sysfs, config.roce.selectors)
+    report = build_report(gpus, nics)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
+    return 0
+
+
+def _names(gpus: list[Gpu], nics: list[Nic]) -> tuple[dict[str, str], dict[str, str]]:
+    return {g.uuid: f"GPU{g.index}" for g in gpus}, {n.pci: n.rdma for n in nics}
+
+
+def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
+    gpu_names, nic_names = _names(gpus, nics)
+    locs = {g.uuid: g.location for g in gpus if g.location} | {
+        n.pci: n.location for n in nics if n.location
+    }
+    topology = Topology(
+        {g.uuid: _loc(g.location) for g in gpus if g.location},
+        {n.pci: _loc(n.location) for n in nics if n.location},
+    )
+    matrix = topology.matrix()
+    ids = [g.uuid for g in gpus if g.uuid in locs] + [n.pci for n in nics if n.pci in locs]
+    names = gpu_names | nic_names
+    return {
+        "gpus": [
+            {
+                "name": gpu_names[g.uuid],
+                "uuid": g.uuid,
+                "pci": g.pci,
+                "numa": g.numa,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+            }
+            for g in gpus
+        ],
+        "nics": [
+            {"name": n.rdma, "pci": n.pci, "netdev": n.netdev, "numa": n.numa, "uverbs": n.uverbs}
+            for n in nics
+        ],
+        "matrix": {
+            names[a]: {names[b]: "X" if a == b else str(matrix[(a, b)]) for b in ids} for a in ids
+        },
+        "pairs": {
+            gpu_names[g]: {
+                "nics": sorted(nic_names[n] for n in near),
+                "distance": str(topology.pair_distance(g, next(iter(near)))) if near else None,
+            }
+            for g, near in topology.pairs().items()
+        },
+    }
+
+
+def _loc(location: PciLocation | None) -> PciLocation:
+    assert location is not None
+    return location
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = ["Devices"]
+    for g in report["gpus"]:
+        lines.append(
+            f"  {g['name']:<8} {g['uuid']}  pci {g['pci']}  NUMA {g['numa']}  {g['model']}"
+        )
+    for n in report["nics"]:
+        lines.append(
+            f"  {n['name']:<8} pci {n['pci']}  {n['netdev']}  NUMA {n['numa']}  {n['uverbs']}"
+        )
+    names = list(report["matrix"])
+    width = max([len(n) for n in names] + [4]) + 1
+    lines += ["", "Distance matrix", " " * width + "".join(f"{n:>{width}}" for n in names)]
+    for a in names:
+        row = report["matrix"][a]
+        lines.append(f"{a:<{width}}" + "".join(f"{row[b]:>{width}}" for b in names))
+    lines += ["", "GPU <-> NIC pairs"]
+    for gpu, pair in report["pairs"].items():
+        nics = ", ".join(pair["nics"]) or "none"
+        lines.append(f"  {gpu:<8} -> {nics} ({pair['distance'] or '-'})")
+    lines += ["", LEGEND]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Distance", "build_report", "render", "show_topology"]

@@ -1,0 +1,141 @@
+"""The simulator's sysfs tree, read back through the same Sysfs that reads a real node."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from agents.core.pci import pci_chain
+from agents.errors import BackendError
+from agents.hw.sysfs import RdmaPort, Sysfs
+from agents.sim.bundled import bundled_node
+from agents.sim.node import NodeSpec, load_node
+from agents.sim.sysfs_tree import SysfsTree
+
+NODES = ["h100-8gpu-8nic", "h100-8gpu-4nic"]
+
+
+def build(tmp_path: Path, name: str) -> tuple[NodeSpec, SysfsTree, Sysfs]:
+    node = load_node(bundled_node(name))
+    tree = SysfsTree(tmp_path / "root")
+    tree.apply(node)
+    return node, tree, Sysfs(tree.sys)
+
+
+@pytest.mark.parametrize("name", NODES, ids=str)
+def test_every_nic_is_found_with_its_pci_netdev_uverbs_numa_and_port(
+    tmp_path: Path, name: str
+) -> None:
+    node, _, sysfs = build(tmp_path, name)
+    found = {d.name: d for d in sysfs.rdma_devices()}
+    assert set(found) == {n.rdma for n in node.nics}
+    for nic in node.nics:
+        dev = found[str(nic.rdma)]
+        assert (dev.pci, dev.netdevs, dev.numa, dev.vendor) == (
+            nic.pci,
+            (nic.netdev,),
+            nic.numa,
+            "15b3",
+        )
+        assert dev.uverbs == f"uverbs{nic.uverbs}"
+        assert dev.ports == (RdmaPort(1, "ACTIVE", "Ethernet"),)
+        assert sysfs.port_state(str(nic.rdma), 1) == "ACTIVE"
+        assert sysfs.netdev_operstate(nic.netdev) == "up"
+
+
+@pytest.mark.parametrize("name", NODES, ids=str)
+def test_real_path_gives_the_bridge_chain_of_the_file(tmp_path: Path, name: str) -> None:
+    node, _, sysfs = build(tmp_path, name)
+    for dev in node.devices:
+        path = sysfs.pci_real_path(dev.pci)
+        assert path.startswith("devices/pci")
+        host, chain = pci_chain(path)
+        assert chain == (*dev.upstream, dev.pci)
+        assert host == "pci" + dev.upstream[0].rsplit(":", 1)[0]
+        assert sysfs.numa_node(dev.pci) == dev.numa
+    gpu = node.gpus[0].pci
+    assert sysfs.pci_vendor(gpu) == "10de"
+    assert (tmp_path / "root/sys/bus/pci/devices" / gpu / "class").read_text() == "0x030200\n"
+    bridges = {b for d in node.devices for b in d.upstream}
+    assert set(sysfs.pci_devices()) == bridges | {d.pci for d in node.devices}
+
+
+def test_class_net_links_to_the_nic_function(tmp_path: Path) -> None:
+    node, tree, _ = build(tmp_path, "h100-8gpu-8nic")
+    nic = node.nics[0]
+    device = tree.sys / "class/net" / nic.netdev / "device"
+    assert Path(os.path.realpath(device)).name == nic.pci
+    ib_device = tree.sys / "class/infiniband" / str(nic.rdma) / "device"
+    assert Path(os.path.realpath(ib_device)).name == nic.pci
+
+
+def test_device_nodes_are_character_devices_under_the_root(tmp_path: Path) -> None:
+    node, tree, _ = build(tmp_path, "h100-8gpu-8nic")
+    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    paths += [f"/dev/nvidia{g.minor}" for g in node.gpus]
+    paths += ["/dev/infiniband/rdma_cm"] + [f"/dev/infiniband/uverbs{n.uverbs}" for n in node.nics]
+    for container_path in paths:
+        st = os.stat(str(tree.dev_root) + container_path)
+        assert stat.S_ISCHR(st.st_mode), container_path
+        assert st.st_rdev == os.makedev(1, 3)
+        assert stat.S_IMODE(st.st_mode) == 0o666
+
+
+def test_link_down_changes_port_state_and_operstate(tmp_path: Path) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
+    nic = node.nics[2]
+    down = dataclasses.replace(nic, link="down")
+    tree.apply(dataclasses.replace(node, nics=(*node.nics[:2], down, *node.nics[3:])))
+    assert sysfs.port_state(str(nic.rdma), 1) == "DOWN"
+    assert sysfs.netdev_operstate(nic.netdev) == "down"
+    assert sysfs.port_state(str(node.nics[0].rdma), 1) == "ACTIVE"
+
+
+def test_removed_nic_disappears_and_comes_back(tmp_path: Path) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
+    gone = node.nics[0]
+    tree.apply(dataclasses.replace(node, nics=node.nics[1:]))
+    assert str(gone.rdma) not in {d.name for d in sysfs.rdma_devices()}
+    assert sysfs.pci_real_path(gone.pci) == ""
+    assert sysfs.port_state(str(gone.rdma), 1) == ""
+    assert not (tree.sys / "class/net" / gone.netdev).exists()
+    assert not os.path.lexists(str(tree.dev_root) + f"/dev/infiniband/uverbs{gone.uverbs}")
+    tree.apply(node)
+    assert len(sysfs.rdma_devices()) == len(node.nics)
+
+
+def test_removed_gpu_takes_its_device_node_and_unshared_bridges(tmp_path: Path) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
+    gpu = node.gpus[0]
+    tree.apply(dataclasses.replace(node, gpus=node.gpus[1:]))
+    assert sysfs.pci_real_path(gpu.pci) == ""
+    assert gpu.upstream[-1] not in sysfs.pci_devices()  # its own downstream port
+    assert gpu.upstream[0] in sysfs.pci_devices()  # the root port still has the NIC
+    assert not os.path.lexists(str(tree.dev_root) + f"/dev/nvidia{gpu.minor}")
+
+
+def test_moved_device_is_found_at_its_new_place(tmp_path: Path) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
+    moved = dataclasses.replace(node.nics[0], upstream=(*node.gpus[7].upstream[:2], "0000:c7:05.0"))
+    tree.apply(dataclasses.replace(node, nics=(moved, *node.nics[1:])))
+    assert pci_chain(sysfs.pci_real_path(moved.pci))[1] == (*moved.upstream, moved.pci)
+    assert str(moved.rdma) in {d.name for d in sysfs.rdma_devices()}
+
+
+def test_reapplying_the_same_node_changes_nothing(tmp_path: Path) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-4nic")
+    before = sysfs.rdma_devices()
+    tree.apply(node)
+    assert sysfs.rdma_devices() == before
+
+
+def test_missing_root_is_a_backend_error_and_missing_files_are_absent(tmp_path: Path) -> None:
+    _, _, sysfs = build(tmp_path, "h100-8gpu-4nic")
+    assert sysfs.numa_node("0000:00:00.0") is None
+    assert sysfs.pci_vendor("0000:00:00.0") == ""
+    with pytest.raises(BackendError, match="no sysfs"):
+        Sysfs(tmp_path / "nowhere").rdma_devices()
