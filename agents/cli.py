@@ -136,7 +136,15 @@ async def _serve(
         else contextlib.nullcontext(real_backends(config))
     )
     async with backends_cm as backends:
-        agent = Agent(config, source, plugin_dir, backends, families)
+        agent = Agent(
+            config,
+            source,
+            plugin_dir,
+            backends,
+            families,
+            metrics_address=opts.metrics_address,
+            nfd_features_file=opts.nfd_features_file,
+        )
         agent.start()
         log.info("agent_started", plugin_dir=str(plugin_dir), families=list(families))
         await agent.run(stop)

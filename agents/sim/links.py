@@ -27,9 +27,11 @@ class SimLinkMonitor:
         self._node = node
         self._host = host
         self._changed = asyncio.Event()
+        self._on_host: set[str] = set()  # once seen on the host, the host's word holds
 
     def state(self, ifname: str) -> LinkState:
-        if self._host is not None and host_has_interface(ifname):
+        if self._host is not None and (ifname in self._on_host or host_has_interface(ifname)):
+            self._on_host.add(ifname)
             return self._host.state(ifname)
         nic = self._node.nic_by_netdev(ifname)
         if nic is None:
