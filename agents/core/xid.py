@@ -28,3 +28,35 @@ def unhealthy_reason(
     if not critical:
         return None
     return "xid=" + ",".join(str(x) for x in critical)
+
+
+class PendingXids:
+    """Per GPU, the critical XIDs delivered whose effect has not cleared.
+
+    NVML cannot tell when an XID's effect ends, so a delivered XID stays pending until the
+    GPU is seen lost and later answering again (a reset) or the agent restarts. XIDs in
+    `ignored` (application XIDs, disabled ones) are never kept.
+    """
+
+    def __init__(self, ignored: frozenset[int] = frozenset()) -> None:
+        self._ignored = ignored
+        self._pending: dict[str, set[int]] = {}
+        self._lost: set[str] = set()
+
+    def deliver(self, uuid: str, xid: int) -> None:
+        if xid not in self._ignored:
+            self._pending.setdefault(uuid, set()).add(xid)
+
+    def observe(self, uuid: str, lost: bool) -> bool:
+        """Record whether the GPU answered; True when it came back from lost (a reset)."""
+        if lost:
+            self._lost.add(uuid)
+            return False
+        if uuid not in self._lost:
+            return False
+        self._lost.discard(uuid)
+        self._pending.pop(uuid, None)
+        return True
+
+    def pending(self, uuid: str) -> frozenset[int]:
+        return frozenset(self._pending.get(uuid, ()))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -15,6 +14,8 @@ from typing import Any, Protocol
 import pynvml
 import structlog
 
+from agents.core.mig import mig_profile_name
+from agents.core.xid import PendingXids
 from agents.errors import BackendError
 
 log = structlog.get_logger(__name__)
@@ -76,51 +77,6 @@ class Nvml(Protocol):
         """Wait up to timeout_s for XID events; may return early and empty when the
         device set may have changed (the caller then re-reads gpus())."""
         ...
-
-
-def mig_profile_name(gi_slices: int, ci_slices: int, memory_mib: int, gpu_memory_bytes: int) -> str:
-    """The MIG profile name ("1g.10gb", "1c.2g.20gb") of an instance with these attributes.
-
-    NVML reports the instance's exact memory; profile names round it to eighths of the
-    GPU's memory in whole GB, the way the driver's own profile names do.
-    """
-    gib = 2**30
-    fraction = math.ceil(memory_mib * 2**20 / gpu_memory_bytes * 8) / 8
-    total_gb = -(-gpu_memory_bytes // gib)
-    name = f"{gi_slices}g.{round(fraction * total_gb)}gb"
-    return name if ci_slices >= gi_slices else f"{ci_slices}c.{name}"
-
-
-class PendingXids:
-    """Per GPU, the critical XIDs delivered whose effect has not cleared.
-
-    NVML cannot tell when an XID's effect ends, so a delivered XID stays pending until the
-    GPU is seen lost and later answering again (a reset) or the agent restarts. XIDs in
-    `ignored` (application XIDs, disabled ones) are never kept.
-    """
-
-    def __init__(self, ignored: frozenset[int] = frozenset()) -> None:
-        self._ignored = ignored
-        self._pending: dict[str, set[int]] = {}
-        self._lost: set[str] = set()
-
-    def deliver(self, uuid: str, xid: int) -> None:
-        if xid not in self._ignored:
-            self._pending.setdefault(uuid, set()).add(xid)
-
-    def observe(self, uuid: str, lost: bool) -> bool:
-        """Record whether the GPU answered; True when it came back from lost (a reset)."""
-        if lost:
-            self._lost.add(uuid)
-            return False
-        if uuid not in self._lost:
-            return False
-        self._lost.discard(uuid)
-        self._pending.pop(uuid, None)
-        return True
-
-    def pending(self, uuid: str) -> frozenset[int]:
-        return frozenset(self._pending.get(uuid, ()))
 
 
 def _code(exc: Exception) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from agents.core.mig import mig_profile_name
+from agents.core.xid import PendingXids
 from agents.errors import BackendError
-from agents.hw.nvml import NvmlBackend, PendingXids, mig_profile_name
+from agents.hw.nvml import NvmlBackend
 
 
 def _nvml_present() -> bool:
