@@ -1,0 +1,121 @@
+"""Shared fixtures of the integration tests: a simulated node file, its edits, and the
+agent as a real `node-agent run` process that is always killed at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agents.sim.bundled import bundled_node
+
+NODE = "h100-8gpu-8nic"
+
+NodeEdit = Callable[[dict[str, Any]], None]
+
+
+def write_in_place(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@pytest.fixture
+def node_file(tmp_path: Path) -> Path:
+    """A private copy of the bundled 8-GPU, 8-NIC node, free to edit."""
+    path = tmp_path / "node" / "node.yaml"
+    path.parent.mkdir()
+    shutil.copy(bundled_node(NODE), path)
+    return path
+
+
+@pytest.fixture
+def node_doc(node_file: Path) -> dict[str, Any]:
+    """The node file as first written, parsed."""
+    doc: dict[str, Any] = yaml.safe_load(node_file.read_text())
+    return doc
+
+
+@pytest.fixture
+def edit_node(node_file: Path) -> Callable[..., None]:
+    """edit_node(change, atomic=True): apply `change` to the parsed file and write it back."""
+
+    def edit(change: NodeEdit, *, atomic: bool = True) -> None:
+        doc = yaml.safe_load(node_file.read_text())
+        change(doc)
+        text = yaml.safe_dump(doc, sort_keys=False)
+        (write_atomic if atomic else write_in_place)(node_file, text)
+
+    return edit
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """A fresh device-plugin directory with a short path: a unix socket path must fit
+    in 108 bytes, which pytest's tmp_path with long test names does not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="dp-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class AgentProcess:
+    """One `node-agent` process; stderr goes to a file so that it can never block."""
+
+    process: subprocess.Popen[bytes]
+    started: float  # time.monotonic() just before the process was spawned
+    stderr_path: Path
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def terminate(self, within: float = 10.0) -> int:
+        """SIGTERM, then the exit code (killed and failed if it does not exit in time)."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(within)
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[Callable[[Sequence[str]], AgentProcess]]:
+    """start_agent(["run", ...]) spawns `python -m agents.cli ...`; killed at teardown."""
+    spawned: list[AgentProcess] = []
+
+    def start(args: Sequence[str]) -> AgentProcess:
+        stderr_path = tmp_path / f"agent-{len(spawned)}.stderr"
+        started = time.monotonic()
+        with stderr_path.open("wb") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "agents.cli", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        agent = AgentProcess(process, started, stderr_path)
+        spawned.append(agent)
+        return agent
+
+    yield start
+    for agent in spawned:
+        if agent.alive():
+            agent.process.kill()
+        agent.process.wait(10)
