@@ -9,6 +9,7 @@ run also leads to a new Register, since the kubelet never reopens it by itself.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -55,10 +56,22 @@ class PluginManager:
         self._watch: DirectoryWatch | None = None
         self._wake = asyncio.Event()
         self.registrations = 0
+        # kubelet.sock's inode at each resource's last Register: a creation event for a
+        # kubelet we already registered with (after a lost stream) needs no second Register,
+        # which would restart the server and cut the stream that kubelet just opened.
+        self._registered_with: dict[str, tuple[int, int]] = {}
 
     @property
     def kubelet_socket(self) -> Path:
         return self.plugin_dir / KUBELET_SOCKET
+
+    def _kubelet_inode(self) -> tuple[int, int] | None:
+        """Which kubelet.sock is there (an inode number alone may be reused)."""
+        try:
+            st = os.stat(self.kubelet_socket)
+            return st.st_ino, st.st_ctime_ns
+        except FileNotFoundError:
+            return None
 
     def _stream_lost(self, resource: str) -> None:
         self._unregistered.add(resource)
@@ -121,7 +134,12 @@ class PluginManager:
                 raise RuntimeError(f"device-plugin directory {self.plugin_dir} was removed")
             if event.name == KUBELET_SOCKET and event.change & Change.CREATED:
                 log.info("kubelet_socket_created", path=str(self.kubelet_socket))
-                self._unregistered.update(self.servers)
+                kubelet = self._kubelet_inode()
+                self._unregistered.update(
+                    n
+                    for n in self.servers
+                    if kubelet is None or self._registered_with.get(n) != kubelet
+                )
         for name, server in self.servers.items():
             if not server.socket_present():
                 log.warning("plugin_socket_removed", resource=name)
@@ -137,9 +155,11 @@ class PluginManager:
 
     async def _register(self, server: DevicePluginServer) -> bool:
         name = server.resource.name
-        if server.open_streams:
+        if server.open_streams or not server.socket_present():
             # An old stream ending after a new Register can cut the new endpoint off:
-            # serve afresh so every old stream is closed before we register.
+            # serve afresh so every old stream is closed before we register. A starting
+            # kubelet may also have removed our socket since the last look; registering
+            # it would leave the kubelet dialling nothing until the Register times out.
             await server.restart()
         request = pb.RegisterRequest(
             version=API_VERSION,
@@ -147,6 +167,7 @@ class PluginManager:
             resource_name=name,
             options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
         )
+        kubelet = self._kubelet_inode()
         try:
             async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
                 await pb_grpc.RegistrationStub(channel).Register(request, timeout=5)
@@ -154,6 +175,8 @@ class PluginManager:
             log.warning("register_failed", resource=name, code=exc.code().name, error=exc.details())
             return False
         self.registrations += 1
+        if kubelet is not None:
+            self._registered_with[name] = kubelet
         self._telemetry.registered(name)
         log.info("registered", resource=name, endpoint=server.socket_path.name)
         return True

@@ -17,6 +17,7 @@ class Inventory:
 
     def __init__(self, devices: Iterable[Device] = ()) -> None:
         self._devices = tuple(sorted(devices))
+        self._by_id = {d.id: d for d in self._devices}  # requests look up every ID they name
         self._version = 0
         self._changed = asyncio.Event()
 
@@ -29,10 +30,7 @@ class Inventory:
         return self._version
 
     def get(self, device_id: str) -> Device | None:
-        for device in self._devices:
-            if device.id == device_id:
-                return device
-        return None
+        return self._by_id.get(device_id)
 
     def replace(self, devices: Iterable[Device]) -> bool:
         """Set the list; returns True (and wakes waiters) only when it changed."""
@@ -40,6 +38,7 @@ class Inventory:
         if new == self._devices:
             return False
         self._devices = new
+        self._by_id = {d.id: d for d in new}
         self._version += 1
         self._changed.set()
         self._changed = asyncio.Event()

@@ -29,6 +29,8 @@ _CODES = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 T = TypeVar("T")
+START_ATTEMPTS = 5
+PROBE_S = 2.0  # a served socket answers in milliseconds; longer means it is gone
 
 
 def socket_name(resource: str) -> str:
@@ -76,6 +78,19 @@ class DevicePluginServer:
             return False
 
     async def start(self) -> None:
+        """Serve on a fresh socket; bind again if a starting kubelet removes it meanwhile."""
+        for _ in range(START_ATTEMPTS):
+            if await self._serve_once():
+                log.info(
+                    "plugin_serving", resource=self.resource.name, socket=str(self.socket_path)
+                )
+                return
+            # The kubelet clears the directory as it starts; it will not do so twice.
+            log.warning("plugin_socket_vanished", resource=self.resource.name)
+        raise RuntimeError(f"{self.socket_path} kept vanishing while the server started")
+
+    async def _serve_once(self) -> bool:
+        """Bind, serve and probe once; False (and nothing served) if the socket vanished."""
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self._closing = asyncio.Event()
@@ -88,16 +103,22 @@ class DevicePluginServer:
         finally:
             os.umask(old_umask)
         await server.start()
-        os.chmod(self.socket_path, 0o600)
-        self._socket_inode = os.stat(self.socket_path).st_ino
         self._server = server
-        await self._wait_answering()
-        log.info("plugin_serving", resource=self.resource.name, socket=str(self.socket_path))
+        try:
+            os.chmod(self.socket_path, 0o600)
+            self._socket_inode = os.stat(self.socket_path).st_ino
+            await self._wait_answering()
+        except (FileNotFoundError, grpc.aio.AioRpcError):
+            if self.socket_present():
+                raise
+            await self.stop()
+            return False
+        return True
 
     async def _wait_answering(self) -> None:
         async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
             stub = pb_grpc.DevicePluginStub(channel)
-            await stub.GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
+            await stub.GetDevicePluginOptions(pb.Empty(), timeout=PROBE_S, wait_for_ready=True)
 
     async def stop(self, grace: float = 0.5) -> None:
         """End open streams, stop serving and remove our socket. Safe to call twice."""
