@@ -37,9 +37,15 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
     groups: dict[str, list[Unit]] = {}
     for name, unit in _base_units(gpus, config, source):
         groups.setdefault(name, []).append(unit)
-    plans = []
-    for name, units in sorted(groups.items()):
-        plans.append(_shared(name, units, config, source))
+    plans = [_shared(name, units, config, source) for name, units in sorted(groups.items())]
+    names = [p.name for p in plans]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        # A rename onto a name the node already offers would serve two plugins as one.
+        raise ConfigError(
+            source,
+            "sharing.timeSlicing.resources[].rename",
+            f"a name no other GPU resource of this node has; {name} is offered twice",
+        )
     return plans
 
 

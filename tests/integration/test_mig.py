@@ -1,0 +1,146 @@
+"""MIG through the kubelet stand-in: the mixed, none and single strategies on the bundled
+MIG nodes, what Allocate names, and a fault on a MIG GPU reaching its instances."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.errors import ConfigError
+from agents.gpu.plan import GPU_RESOURCE
+from agents.gpu.resource import VISIBLE_DEVICES
+from agents.sim.bundled import bundled_node
+from agents.sim.node import load_node
+from agents.standin.kubelet import Container, Pod
+from tests.integration.gpu_agent import WAIT, running_agent
+
+MIG_1G = "nvidia.com/mig-1g.10gb"
+MIG_3G = "nvidia.com/mig-3g.40gb"
+MIXED_NODE = "mig-mixed"  # GPU0: 3 x 1g.10gb + 1 x 3g.40gb; GPU1 whole
+SINGLE_NODE = "mig-single"  # two GPUs of 7 x 1g.10gb each
+
+MIXED = "version: v1\nflags:\n  migStrategy: mixed\n"
+SINGLE = "version: v1\nflags:\n  migStrategy: single\n"
+NONE = "version: v1\nflags:\n  migStrategy: none\n"
+
+mixed_spec = load_node(bundled_node(MIXED_NODE))
+MIG_GPU, WHOLE_GPU = mixed_spec.gpus
+MIG_1G_UUIDS = {m.uuid for m in MIG_GPU.mig_instances if m.profile == "1g.10gb"}
+MIG_3G_UUIDS = {m.uuid for m in MIG_GPU.mig_instances if m.profile == "3g.40gb"}
+
+
+async def test_mixed_offers_one_resource_per_profile_and_the_whole_gpu(tmp_path: Path) -> None:
+    async with running_agent(tmp_path, MIXED, node=MIXED_NODE) as run:
+        await run.registered({MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1})
+        assert set(run.devices(MIG_1G)) == MIG_1G_UUIDS
+        assert set(run.devices(MIG_3G)) == MIG_3G_UUIDS
+        assert set(run.devices(GPU_RESOURCE)) == {WHOLE_GPU.uuid}
+
+        pod = Pod("mig", [Container("c", {MIG_1G: 2, MIG_3G: 1})])
+        got = (await run.kubelet.admit(pod)).containers["c"]
+        small = got.responses[MIG_1G].envs[VISIBLE_DEVICES].split(",")
+        assert sorted(small) == sorted(got.devices[MIG_1G])
+        assert set(small) <= MIG_1G_UUIDS
+        assert got.responses[MIG_3G].envs[VISIBLE_DEVICES] == MIG_3G_UUIDS.pop()
+
+
+async def test_time_slicing_a_mig_profile_replicates_its_instances(tmp_path: Path) -> None:
+    cfg = MIXED + (
+        "sharing:\n  timeSlicing:\n    resources:\n"
+        "      - {name: nvidia.com/mig-1g.10gb, replicas: 2}\n"
+    )
+    async with running_agent(tmp_path, cfg, node=MIXED_NODE) as run:
+        await run.registered({MIG_1G: 6, MIG_3G: 1, GPU_RESOURCE: 1})
+        assert set(run.devices(MIG_1G)) == {f"{u}::{n}" for u in MIG_1G_UUIDS for n in (0, 1)}
+        mig = sorted(MIG_1G_UUIDS)[0]
+        endpoint = run.kubelet.endpoint(MIG_1G)
+        assert endpoint is not None
+        answer = await endpoint.allocate([f"{mig}::0", f"{mig}::1"])
+        assert answer.envs[VISIBLE_DEVICES] == mig
+
+
+async def test_none_offers_the_mig_gpu_as_a_whole_gpu(tmp_path: Path) -> None:
+    async with running_agent(tmp_path, NONE, node=MIXED_NODE) as run:
+        await run.registered({GPU_RESOURCE: 2})
+        assert set(run.devices()) == {MIG_GPU.uuid, WHOLE_GPU.uuid}
+
+
+async def test_single_on_a_node_with_a_whole_gpu_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        async with running_agent(tmp_path, SINGLE, node=MIXED_NODE):
+            pass
+    assert err.value.key == "flags.migStrategy"
+    assert WHOLE_GPU.uuid in str(err.value)
+
+
+def test_single_on_a_node_with_a_whole_gpu_exits_2_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(SINGLE)
+    with tempfile.TemporaryDirectory(prefix="dp-") as plugin_dir:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
+                *("--config", str(config), "--device-plugin-dir", plugin_dir),
+                *("--simulate", str(bundled_node(MIXED_NODE))),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"node-agent: {config}: flags.migStrategy: "), last
+
+
+async def test_single_with_one_profile_offers_mig_instances_as_gpus(tmp_path: Path) -> None:
+    spec = load_node(bundled_node(SINGLE_NODE))
+    instances = {m.uuid for g in spec.gpus for m in g.mig_instances}
+    async with running_agent(tmp_path, SINGLE, node=SINGLE_NODE) as run:
+        await run.registered({GPU_RESOURCE: 14})
+        assert set(run.devices()) == instances
+        view = run.kubelet.resource(GPU_RESOURCE)
+        assert view is not None
+        numa = {m.uuid: g.numa for g in spec.gpus for m in g.mig_instances}
+        assert all(state.numa == (numa[i],) for i, state in view.devices.items())
+        got = await run.kubelet.admit(Pod("p", [Container("c", {GPU_RESOURCE: 3})]))
+        env = got.containers["c"].responses[GPU_RESOURCE].envs[VISIBLE_DEVICES]
+        assert sorted(env.split(",")) == sorted(got.devices("c", GPU_RESOURCE))
+        assert set(env.split(",")) <= instances
+
+
+def _xid(doc: dict[str, Any]) -> None:
+    doc["gpus"][0]["xids"].append(79)
+
+
+def _lost(doc: dict[str, Any]) -> None:
+    doc["gpus"][0]["lost"] = True
+
+
+def _healed(doc: dict[str, Any]) -> None:
+    doc["gpus"][0]["xids"] = []
+    doc["gpus"][0]["lost"] = False
+
+
+@pytest.mark.parametrize("fault", [_xid, _lost], ids=["xid-79", "lost"])
+async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
+    tmp_path: Path, fault: Callable[[dict[str, Any]], None]
+) -> None:
+    async with running_agent(tmp_path, MIXED, node=MIXED_NODE) as run:
+        await run.registered({MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1})
+        await run.edit_node(fault)
+        await run.kubelet.wait_until(
+            lambda k: k.allocatable() == {MIG_1G: 0, MIG_3G: 0, GPU_RESOURCE: 1}, WAIT
+        )
+        assert run.devices(GPU_RESOURCE) == {WHOLE_GPU.uuid: "Healthy"}
+
+        await run.edit_node(_healed)  # a reset GPU: its instances come back
+        await run.kubelet.wait_until(
+            lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1}, WAIT
+        )
