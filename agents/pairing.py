@@ -5,6 +5,10 @@ file once per container, after all of that container's devices are allocated; th
 plugin manager's directory watch reports each rename here, and pending events are
 drained before every decision, so two calls with no rename between them belong to
 one container. Without that signal, a resource allocated twice starts a new container.
+
+The kubelet never says when a pod is gone either. The ledger keeps what each container
+got; when a device of it is offered as available again, that container's pod has ended,
+so its devices of the other kind are free too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ class _Kind:
     container: set[str] = field(default_factory=set)
 
 
+@dataclass
+class _Held:
+    """The devices of one earlier container, by kind, while its pod may still run."""
+
+    devices: dict[str, set[str]] = field(default_factory=lambda: {GPU: set(), NIC: set()})
+
+
 class PairingLedger:
     """Shared by the whole-GPU resource and the NIC resource of one agent."""
 
@@ -54,6 +65,7 @@ class PairingLedger:
         self._sync = sync  # drains pending checkpoint events before a decision
         self.checkpoint_seen = False
         self._fallback_logged = False
+        self._held: list[_Held] = []  # earlier containers not yet known to be gone
         self.containers = 0
 
     def container_done(self) -> None:
@@ -63,8 +75,23 @@ class PairingLedger:
 
     def _end_container(self) -> None:
         self.containers += 1
+        held = _Held({name: set(kind.container) for name, kind in self._kinds.items()})
+        if any(held.devices.values()):
+            self._held.append(held)
         for kind in self._kinds.values():
             kind.container.clear()
+
+    def _released(self, kind: str, ids: set[str]) -> None:
+        """Earlier containers holding any of `ids` (of `kind`) are gone: free their devices."""
+        gone = [h for h in self._held if h.devices[kind] & ids]
+        if not gone:
+            return
+        self._held = [h for h in self._held if not h.devices[kind] & ids]
+        still = {k: set().union(*(h.devices[k] for h in self._held)) for k in self._kinds}
+        for held in gone:
+            for name, devices in held.devices.items():
+                kind_ = self._kinds[name]
+                kind_.free.update(devices - still[name] - kind_.container)
 
     def side(self, kind: str) -> PairingSide:
         return PairingSide(self, kind)
@@ -79,6 +106,7 @@ class PairingLedger:
     ) -> list[str]:
         self._sync()
         this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
+        self._released(kind, set(available) - set(must_include))
         this.free = set(available) - set(must_include)
         view = PairView(
             partners=this.partners,
@@ -101,6 +129,7 @@ class PairingLedger:
                 )
                 self._fallback_logged = True
             self._end_container()
+        self._released(kind, set(ids))
         this.container.update(ids)
         this.free.difference_update(ids)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.config import Config, load_config
-from agents.core.topology import Distance, PciLocation, Topology
+from agents.core.topology import Distance, Topology
 from agents.daemon import Backends, real_backends, simulated_backends
 from agents.gpu.discovery import Gpu, discover
 from agents.roce.discovery import Nic
@@ -45,15 +45,14 @@ def _names(gpus: list[Gpu], nics: list[Nic]) -> tuple[dict[str, str], dict[str, 
 
 def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
     gpu_names, nic_names = _names(gpus, nics)
-    locs = {g.uuid: g.location for g in gpus if g.location} | {
-        n.pci: n.location for n in nics if n.location
-    }
     topology = Topology(
-        {g.uuid: _loc(g.location) for g in gpus if g.location},
-        {n.pci: _loc(n.location) for n in nics if n.location},
+        {g.uuid: g.location for g in gpus if g.location is not None},
+        {n.pci: n.location for n in nics if n.location is not None},
     )
     matrix = topology.matrix()
-    ids = [g.uuid for g in gpus if g.uuid in locs] + [n.pci for n in nics if n.pci in locs]
+    # Devices whose place in the PCIe tree is unknown have no distances to show.
+    ids = [g.uuid for g in gpus if g.uuid in topology.gpus]
+    ids += [n.pci for n in nics if n.pci in topology.nics]
     names = gpu_names | nic_names
     return {
         "gpus": [
@@ -75,18 +74,19 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
             names[a]: {names[b]: "X" if a == b else str(matrix[(a, b)]) for b in ids} for a in ids
         },
         "pairs": {
-            gpu_names[g]: {
-                "nics": sorted(nic_names[n] for n in near),
-                "distance": str(topology.pair_distance(g, next(iter(near)))) if near else None,
-            }
-            for g, near in topology.pairs().items()
+            gpu_names[g.uuid]: _pair(topology, g.uuid, nic_names)
+            for g in gpus
+            if g.uuid in topology.gpus
         },
     }
 
 
-def _loc(location: PciLocation | None) -> PciLocation:
-    assert location is not None
-    return location
+def _pair(topology: Topology, gpu: str, nic_names: dict[str, str]) -> dict[str, Any]:
+    near = sorted(topology.nearest_nics(gpu))
+    return {
+        "nics": sorted(nic_names[n] for n in near),
+        "distance": str(topology.pair_distance(gpu, near[0])) if near else None,
+    }
 
 
 def render(report: dict[str, Any]) -> str:

@@ -36,7 +36,9 @@ def score(chosen: tuple[str, ...], view: PairView) -> tuple[int, ...]:
         with_free = [p & view.other_free for p in partners]
         paired = sum(1 for p in with_free if p)
         groups = len({p for p in with_free if p})
-        head = (-paired, groups)
+        # More free partners in all leaves the other resource more ways to pair.
+        reach = len(frozenset().union(*with_free)) if with_free else 0
+        head = (-paired, groups, -reach)
     return (*head, _left_behind(chosen, partners, view))
 
 
