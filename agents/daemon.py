@@ -18,7 +18,7 @@ from agents.hw.netlink import LinkMonitor
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 from agents.labels import keep_labels
-from agents.metrics import Metrics, serve_metrics
+from agents.metrics import Metrics, MetricsServer
 from agents.pairing import PairingLedger, attach_pairing
 from agents.plugin.family import Family
 from agents.plugin.manager import PluginManager
@@ -89,9 +89,11 @@ class Agent:
         self.roce: RoceFamily | None = None
         self.pairing: PairingLedger | None = None
         self.metrics: Metrics | None = None
+        self.metrics_server: MetricsServer | None = None  # its port is the bound one
         if self.metrics_address is not None:
             self.metrics = Metrics()
             self.telemetry = self.metrics
+            self.metrics_server = MetricsServer(self.metrics, self.metrics_address, self.serving)
 
     def start(self) -> PluginManager:
         """Discover devices and plan resources. Raises ConfigError or BackendError."""
@@ -135,8 +137,8 @@ class Agent:
             coros.append(self.backends.simulated.run(stop))
         if self.nfd_features_file is not None:
             coros.append(keep_labels(self.nfd_features_file, self.gpu, self.roce, stop))
-        if self.metrics is not None and self.metrics_address is not None:
-            coros.append(serve_metrics(self.metrics, self.metrics_address, self.serving, stop))
+        if self.metrics_server is not None:
+            coros.append(self.metrics_server.serve(stop))
         tasks = [asyncio.ensure_future(c) for c in coros]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -12,12 +12,15 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents import __version__
+from agents.errors import ConfigError
 from agents.plugin.resource import Resource
 
 log = structlog.get_logger(__name__)
 
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT = "text/plain; charset=utf-8"
+READ_TIMEOUT_S = 5.0  # a scraper sends its request at once; a silent client is dropped
 
 
 class Metrics:
@@ -103,70 +106,78 @@ class _DeviceCollector(Collector):
 
 
 class MetricsServer:
-    """A minimal HTTP/1.1 server for GET /metrics and GET /healthz."""
+    """A minimal HTTP/1.1 server for GET /metrics and GET /healthz, one request a connection."""
 
     def __init__(self, metrics: Metrics, address: str, healthy: Callable[[], bool]) -> None:
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"expected HOST:PORT, got {address!r}")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError("--metrics-address", address, "HOST:PORT, e.g. 0.0.0.0:9400")
         self._host, self._port = host.strip("[]"), int(port)
         self._metrics = metrics
         self._healthy = healthy
         self._server: asyncio.base_events.Server | None = None
+        self.bound = asyncio.Event()
 
     @property
     def port(self) -> int:
-        assert self._server is not None
+        """The port bound, which is the one asked for unless that was 0 (any free port)."""
+        if self._server is None:
+            raise RuntimeError("the metrics server is not started")
         sock: Any = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self._host, self._port)
         log.info("metrics_serving", address=f"{self._host}:{self.port}")
+        self.bound.set()
 
     async def stop(self) -> None:
+        self.bound.clear()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
 
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set."""
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            method, path, *_ = request.decode("latin-1").split(" ", 2)
-            status, body, ctype = self._route(method, path.split("?", 1)[0])
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=READ_TIMEOUT_S)
+            status, body, ctype = self._respond(head)
+            extra = "Allow: GET\r\n" if status.startswith("405") else ""
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
             )
-            writer.write(head.encode() + body)
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            pass  # a client that sent no complete request gets nothing
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            pass  # a client that sent no complete request head gets nothing
         except ConnectionError:
-            pass
+            pass  # the client went away
         finally:
             writer.close()
 
+    def _respond(self, head: bytes) -> tuple[str, bytes, str]:
+        parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            return "400 Bad Request", b"bad request\n", TEXT
+        method, target, _ = parts
+        return self._route(method, target.split("?", 1)[0])
+
     def _route(self, method: str, path: str) -> tuple[str, bytes, str]:
         if method != "GET":
-            return "405 Method Not Allowed", b"GET only\n", "text/plain"
+            return "405 Method Not Allowed", b"GET only\n", TEXT
         if path == "/metrics":
             return "200 OK", self._metrics.exposition(), CONTENT_TYPE
         if path == "/healthz":
             if self._healthy():
-                return "200 OK", b"ok\n", "text/plain"
-            return "503 Service Unavailable", b"not serving\n", "text/plain"
-        return "404 Not Found", b"not found\n", "text/plain"
-
-
-async def serve_metrics(
-    metrics: Metrics, address: str, healthy: Callable[[], bool], stop: asyncio.Event
-) -> None:
-    """Serve /metrics and /healthz on `address` until `stop` is set."""
-    server = MetricsServer(metrics, address, healthy)
-    await server.start()
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
+                return "200 OK", b"ok\n", TEXT
+            return "503 Service Unavailable", b"not serving\n", TEXT
+        return "404 Not Found", b"not found\n", TEXT

@@ -8,7 +8,16 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
-from tests.deploy.manifests import VARIANTS, Obj, agent_container, flag, only, pod_spec, render
+from tests.deploy.manifests import (
+    DAEMONSET_DIR,
+    VARIANTS,
+    Obj,
+    agent_container,
+    flag,
+    only,
+    pod_spec,
+    render,
+)
 
 NAMESPACE = "node-agents"
 IMAGE = "ghcr.io/node-agents/node-agent:0.1.0"
@@ -19,6 +28,8 @@ WRITABLE_HOST_PATHS = frozenset({DEVICE_PLUGIN_DIR, NFD_FEATURES_DIR})
 # Capabilities added back after dropping ALL. Empty: daemonset/base/daemonset.yaml says
 # why none of the usual candidates is needed; adding one must change this line too.
 JUSTIFIED_CAPABILITIES: frozenset[str] = frozenset()
+# The one family that needs the host's network namespace (netlink link events).
+HOST_NETWORK_FAMILY = "roce"
 
 variants = pytest.mark.parametrize("variant", VARIANTS)
 
@@ -77,12 +88,48 @@ def test_seccomp_profile_is_runtime_default(variant: str) -> None:
     assert set(profiles) == {"RuntimeDefault"}
 
 
+def families(objs: list[Obj]) -> set[str]:
+    """The families the agent runs: --families, or every one when it is absent."""
+    return set((flag(agent_container(objs)["args"], "--families") or "gpu,roce").split(","))
+
+
 @variants
-def test_pod_shares_no_host_namespace(variant: str) -> None:
-    spec = pod_spec(render(variant))
-    for field in ("hostNetwork", "hostPID", "hostIPC"):
+def test_pod_shares_no_host_pid_or_ipc_namespace_and_no_host_port(variant: str) -> None:
+    objs = render(variant)
+    spec = pod_spec(objs)
+    for field in ("hostPID", "hostIPC"):
         assert not spec.get(field, False), field
-    assert "hostPort" not in str(agent_container(render(variant)).get("ports"))
+    assert "hostPort" not in str(agent_container(objs).get("ports"))
+
+
+@variants
+def test_host_network_only_where_the_roce_family_needs_netlink(variant: str) -> None:
+    objs = render(variant)
+    spec = pod_spec(objs)
+    # netlink link events of the host's NICs reach only the host's network namespace;
+    # daemonset/base/daemonset.yaml says so next to hostNetwork. Nothing else may use it.
+    needs_host_network = HOST_NETWORK_FAMILY in families(objs)
+    assert spec.get("hostNetwork", False) is needs_host_network
+    expected_dns = "ClusterFirstWithHostNet" if needs_host_network else "ClusterFirst"
+    assert spec.get("dnsPolicy", "ClusterFirst") == expected_dns
+
+
+def test_host_network_is_on_in_base_and_roce_only_and_off_in_gpu_only() -> None:
+    on = {v: pod_spec(render(v)).get("hostNetwork", False) for v in VARIANTS}
+    assert on == {
+        "daemonset": True,
+        "daemonset/overlays/gpu-only": False,
+        "daemonset/overlays/roce-only": True,
+    }
+
+
+def test_host_network_carries_its_justification() -> None:
+    text = (DAEMONSET_DIR / "base" / "daemonset.yaml").read_text()
+    before, _, _ = text.partition("hostNetwork: true")
+    comment = " ".join(
+        line.strip().lstrip("# ") for line in before.splitlines()[-8:] if line.strip()
+    )
+    assert "netlink" in comment and "gpu-only" in comment, comment
 
 
 @variants
@@ -150,8 +197,11 @@ def test_liveness_probe_hits_healthz_on_the_metrics_port(variant: str) -> None:
     assert probe["port"] == "metrics"
     host, port = flag(container["args"], "--metrics-address").rsplit(":", 1)
     assert int(port) == ports["metrics"]
-    # Bound where the kubelet's probe arrives: the pod IP.
-    assert host in ("0.0.0.0", "")
+    # Bound where the kubelet's probe arrives, the pod IP (the node's IP under
+    # hostNetwork), and nowhere else on the node.
+    assert host == "$(POD_IP)"
+    pod_ip = env(container)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert pod_ip == "status.podIP"
 
 
 @variants
