@@ -189,16 +189,21 @@ def spread_replicas(
     _check_request(available_replicas, must_include, size)
     picked = list(must_include)
     mine = Counter(gpu_of(r) for r in picked)
-    candidates = sorted(set(available_replicas) - set(picked), key=lambda r: (len(r), r))
+    # Every replica of one GPU ranks alike, so the choice is a GPU, then its lowest
+    # replica number: one pass over the GPUs per pick, not over every replica.
+    queues: dict[str, list[str]] = {}
+    for replica in sorted(set(available_replicas) - set(picked), key=lambda r: (len(r), r)):
+        queues.setdefault(gpu_of(replica), []).append(replica)
+    for queue in queues.values():
+        queue.reverse()  # pop() takes the lowest number
 
-    def rank(replica: str) -> tuple[int, int, str]:
-        gpu = gpu_of(replica)
+    def rank(gpu: str) -> tuple[int, int, str]:
         return (mine[gpu], in_use.get(gpu, 0) + mine[gpu], gpu)
 
     while len(picked) < size:
-        # Ties go to the lowest replica number, in numeric order, as `sorted` left them.
-        replica = min(candidates, key=rank)
-        candidates.remove(replica)
-        picked.append(replica)
-        mine[gpu_of(replica)] += 1
+        gpu = min(queues, key=rank)
+        picked.append(queues[gpu].pop())
+        if not queues[gpu]:
+            del queues[gpu]
+        mine[gpu] += 1
     return picked

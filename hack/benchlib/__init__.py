@@ -1,0 +1,1 @@
+"""The benchmark suite behind `hack/bench`: generated nodes, a subprocess agent, figures."""

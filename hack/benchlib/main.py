@@ -1,0 +1,105 @@
+"""`hack/bench`: every figure of the benchmark issue, as a table or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from agents.sim.bundled import DEMO_NODE, bundled_node
+from hack.benchlib import faults, latency, lifecycle, pairing
+from hack.benchlib.agent import GPU, NIC
+from hack.benchlib.figures import Figure, as_json, table
+from hack.benchlib.nodes import generate_node, sharing_config, write_yaml
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cpus": str(os.cpu_count()),
+        "cpu": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+    }
+
+
+def latency_figures(root: Path, n: int) -> list[Figure]:
+    figures: list[Figure] = []
+    work = root / "lat-8gpu"
+    work.mkdir()
+    node = work / "node.yaml"
+    shutil.copy(bundled_node(DEMO_NODE), node)
+    figures += latency.measure_node(work, node, None, [(GPU, "(8 GPUs)")], n)
+    work = root / "lat-replicas"
+    work.mkdir()
+    node = write_yaml(work / "node.yaml", generate_node(8, 16))
+    figures += latency.measure_node(
+        work, node, sharing_config(64), [(GPU, "(8x64 replicas)"), (NIC, "(16 NICs)")], n
+    )
+    work = root / "lat-16gpu"
+    work.mkdir()
+    node = write_yaml(work / "node.yaml", generate_node(16, 8))
+    figures += latency.measure_node(work, node, None, [(GPU, "(16 GPUs)")], n)
+    return figures
+
+
+def run(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
+    figures: list[Figure] = []
+    with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
+        root = Path(tmp)
+
+        def fresh(name: str) -> Path:
+            path = root / name
+            path.mkdir()
+            return path
+
+        progress("start, idle, restarts")
+        figures += asyncio.run(
+            lifecycle.lifecycle(fresh("lifecycle"), restarts=20, idle_s=5.0 if quick else 30.0)
+        )
+        progress("Allocate / GetPreferredAllocation latency")
+        figures += latency_figures(root, 300 if quick else 2000)
+        progress("faults")
+        rounds = 5 if quick else 20
+        figures += faults.xid_fault(fresh("xid"), rounds)
+        figures += faults.link_fault(fresh("link"), rounds)
+        progress("pairing")
+        figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
+        figures.append(pairing.choice_optimality(300 if quick else 3000))
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hack/bench", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--quick", action="store_true", help="a short run (CI)")
+    args = parser.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+
+    def progress(step: str) -> None:
+        print(f"bench: {step} ...", file=sys.stderr, flush=True)
+
+    figures = run(args.quick, progress)
+    info = machine()
+    if args.json:
+        print(as_json(figures, info))
+    else:
+        print(table(figures))
+        print(
+            f"\n{info['cpus']} CPUs, {info['cpu']}, Python {info['python']}, "
+            f"Linux {info['kernel']}{' (--quick)' if args.quick else ''}"
+        )
+    return 0 if all(f.ok is not False for f in figures) else 1

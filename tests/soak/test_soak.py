@@ -1,0 +1,209 @@
+"""Soak: many kubelet restarts, an agent killed under load, and node-file churn.
+
+SOAK_SCALE scales every count (default 0.1 for the ordinary run; hack/soak uses 1):
+200 restarts, 1000 churn edits at full scale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agents.config import Config
+from agents.core.xid import APPLICATION_XIDS
+from agents.daemon import Agent, simulated_backends
+from agents.sim.bundled import bundled_node
+from agents.sim.node import parse_node
+from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
+from hack.benchlib.agent import GPU, NIC, AgentProcess
+from hack.benchlib.nodes import write_yaml
+from tests.conditions import async_wait_until
+
+pytestmark = pytest.mark.soak
+
+SCALE = float(os.environ.get("SOAK_SCALE", "0.1"))
+NODE = "h100-8gpu-8nic"
+RESOURCES = (GPU, NIC)
+WAIT = 10.0
+
+
+def scaled(full: int) -> int:
+    return max(2, round(full * SCALE))
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    # Short: unix socket paths must fit in 108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="soak-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def running(work: Path) -> AsyncIterator[tuple[Kubelet, AgentProcess]]:
+    node = work / "node.yaml"
+    shutil.copy(bundled_node(NODE), node)
+    agent = AgentProcess(work, node)
+    kubelet = Kubelet(agent.plugin_dir, seed=5)
+    await kubelet.start()
+    agent.start()
+    try:
+        await kubelet.wait_until(lambda k: registered_since(k, 0), WAIT)
+        yield kubelet, agent
+    finally:
+        agent.stop(signal.SIGKILL)
+        await kubelet.stop()
+
+
+def registered_since(kubelet: Kubelet, mark: int) -> bool:
+    fresh = {r.resource_name for r in kubelet.registrations[mark:] if r.error is None}
+    views = [kubelet.resource(r) for r in RESOURCES]
+    return set(RESOURCES) <= fresh and all(v is not None and v.connected for v in views)
+
+
+async def admit_some(kubelet: Kubelet, rng: random.Random, n: int, prefix: str) -> None:
+    """Admit a pod of GPUs and NICs; release an earlier one when the node is full."""
+    limits = {GPU: rng.randint(1, 2), NIC: rng.randint(0, 1)}
+    try:
+        await kubelet.admit(Pod(f"{prefix}-{n}", [Container("c", limits)]))
+    except AdmissionError:
+        for name in [f"{prefix}-{i}" for i in range(n)]:
+            await kubelet.release(name)
+
+
+def sockets(plugin_dir: Path) -> set[str]:
+    return {p.name for p in plugin_dir.iterdir() if p.is_socket()}
+
+
+async def test_kubelet_restarts_reregister_every_time_without_leaks(
+    running: tuple[Kubelet, AgentProcess],
+) -> None:
+    kubelet, agent = running
+    rng = random.Random(1)
+    expected_sockets = sockets(agent.plugin_dir)
+    fds, threads = [agent.fd_count()], [agent.thread_count()]
+    for n in range(scaled(200)):
+        await kubelet.stop()
+        mark = len(kubelet.registrations)
+        await kubelet.start()
+        await kubelet.wait_until(lambda k, m=mark: registered_since(k, m), WAIT)
+        await admit_some(kubelet, rng, n, "restart")
+        assert sockets(agent.plugin_dir) == expected_sockets
+        fds.append(agent.fd_count())
+        threads.append(agent.thread_count())
+    # A few descriptors come and go with in-flight connections; growth per restart would show.
+    assert max(fds[len(fds) // 2 :]) <= fds[0] + 4, fds
+    assert max(threads) <= threads[0] + 2, threads
+
+
+async def test_agent_killed_under_load_comes_back_and_allocations_stay(
+    running: tuple[Kubelet, AgentProcess],
+) -> None:
+    kubelet, agent = running
+    rng = random.Random(2)
+    for round_ in range(scaled(20)):
+        load = asyncio.ensure_future(_admit_forever(kubelet, rng, f"r{round_}"))
+        try:
+            await asyncio.sleep(0)  # the admissions are in flight as the agent dies
+            agent.stop(signal.SIGKILL)
+        finally:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
+        held = kubelet.allocated()
+        stale = sockets(agent.plugin_dir)
+        assert {p for p in stale if p.startswith("node-agent-")}, "SIGKILL leaves stale sockets"
+        mark = len(kubelet.registrations)
+        agent.start()
+        await kubelet.wait_until(lambda k, m=mark: registered_since(k, m), WAIT)
+        assert kubelet.allocated() == held
+        await admit_some(kubelet, rng, 0, f"after-{round_}")
+
+
+async def _admit_forever(kubelet: Kubelet, rng: random.Random, prefix: str) -> None:
+    n = 0
+    while True:
+        with contextlib.suppress(AdmissionError):
+            await admit_some(kubelet, rng, n, prefix)
+        n += 1
+        await asyncio.sleep(0)
+
+
+def expected_health(doc: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    def word(ok: bool) -> str:
+        return "Healthy" if ok else "Unhealthy"
+
+    gpus = {
+        g["uuid"]: word(not g["lost"] and not set(g["xids"]) - APPLICATION_XIDS)
+        for g in doc["gpus"]
+    }
+    nics = {n["pci"]: word(n["link"] == "up") for n in doc["nics"]}
+    return gpus, nics
+
+
+def churn(doc: dict[str, Any], rng: random.Random) -> None:
+    """One random fault on or off."""
+    if rng.random() < 0.6:
+        gpu = rng.choice(doc["gpus"])
+        what = rng.random()
+        if what < 0.4:
+            gpu["xids"] = sorted({*gpu["xids"], rng.choice([13, 31, 43, 48, 63, 74, 79, 94])})
+        elif what < 0.7:
+            gpu["xids"] = []
+        else:
+            gpu["lost"] = not gpu["lost"]
+    else:
+        nic = rng.choice(doc["nics"])
+        nic["link"] = "down" if nic["link"] == "up" else "up"
+
+
+async def test_node_file_churn_ends_with_health_exactly_as_the_file_says(work: Path) -> None:
+    node = work / "node.yaml"
+    shutil.copy(bundled_node(NODE), node)
+    doc: dict[str, Any] = yaml.safe_load(node.read_text())
+    kubelet = Kubelet(work / "device-plugins", seed=3)
+    await kubelet.start()
+    stop = asyncio.Event()
+    rng = random.Random(4)
+    async with simulated_backends(node) as backends:
+        agent = Agent(Config.default(), "<soak>", kubelet.plugin_dir, backends)
+        agent.start()
+        task = asyncio.ensure_future(agent.run(stop))
+        try:
+            await kubelet.wait_until(lambda k: registered_since(k, 0), WAIT)
+            sim = backends.simulated
+            assert sim is not None
+            await asyncio.wait_for(sim.watching.wait(), WAIT)
+            for n in range(scaled(1000)):
+                churn(doc, rng)
+                write_yaml(node, doc)
+                if n % 10 == 0:  # now and then let an edit land before the next one
+                    spec = parse_node(node.read_text(), str(node))
+                    await async_wait_until(lambda s=spec: sim.spec == s, WAIT, "edit applied")
+            gpus, nics = expected_health(doc)
+
+            def matches(k: Kubelet) -> bool:
+                return _health(k, GPU) == gpus and _health(k, NIC) == nics
+
+            # NIC flaps are held back for a while by design; the last state must land.
+            await kubelet.wait_until(matches, WAIT)
+        finally:
+            stop.set()
+            await task
+    await kubelet.stop()
+
+
+def _health(kubelet: Kubelet, resource: str) -> dict[str, str]:
+    view = kubelet.resource(resource)
+    return {} if view is None else {i: s.health for i, s in view.devices.items()}
