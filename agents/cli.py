@@ -27,6 +27,19 @@ EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
 log = structlog.get_logger("node_agent")
 
+SIMULATE_HELP = "simulated node file, or the name of a bundled one (e.g. h100-8gpu-8nic)"
+
+
+def _node_file(arg: str) -> Path:
+    """A node file path; a name that is no file but a bundled node means that node."""
+    path = Path(arg)
+    if path.exists() or os.sep in arg:
+        return path
+    from agents.sim.bundled import bundled_node, bundled_nodes
+
+    stem = arg.removesuffix(".yaml")
+    return bundled_node(stem) if stem in bundled_nodes() else path
+
 
 def configure_logging(fmt: str, level: int = logging.INFO) -> None:
     renderer: structlog.typing.Processor = (
@@ -62,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the kubelet's device-plugin directory (env {PLUGIN_DIR_ENV}; "
         f"default {DEFAULT_PLUGIN_DIR})",
     )
-    run.add_argument("--simulate", type=Path, metavar="NODE.yaml", help="simulated node file")
+    run.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
     run.add_argument("--families", default="gpu,roce", help="families to run (default gpu,roce)")
     run.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics")
     run.add_argument(
@@ -73,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-format", choices=("json", "console"), default="console")
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
-    topo.add_argument("--simulate", type=Path, metavar="NODE.yaml", help="simulated node file")
+    topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
     topo.add_argument("--config", type=Path, help="configuration file (YAML)")
     topo.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")

@@ -18,6 +18,7 @@ import structlog
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
+from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 from agents.plugin.resource import Resource
 from agents.plugin.server import DevicePluginServer
@@ -30,6 +31,7 @@ API_VERSION = "v1beta1"
 CHECKPOINT = "kubelet_internal_checkpoint"
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
+SUN_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
 
 
 class PluginManager:
@@ -52,6 +54,15 @@ class PluginManager:
             )
             for r in resources
         }
+        paths = [self.kubelet_socket, *(s.socket_path for s in self.servers.values())]
+        longest = max(paths, key=lambda p: len(os.fsencode(p)))
+        if len(os.fsencode(longest)) > SUN_PATH_MAX:
+            raise ConfigError(
+                "--device-plugin-dir",
+                str(plugin_dir),
+                f"a directory short enough for unix socket paths of at most {SUN_PATH_MAX} "
+                f"bytes; {longest} is {len(os.fsencode(longest))}",
+            )
         self._unregistered: set[str] = set(self.servers)
         self._watch: DirectoryWatch | None = None
         self._wake = asyncio.Event()

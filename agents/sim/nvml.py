@@ -24,7 +24,6 @@ class SimNvml:
 
     def __init__(self, node: NodeSpec) -> None:
         self._node = node
-        self._seen: set[str] = {g.uuid for g in node.gpus}
         self._pending: list[XidEvent] = []
         self._changed = asyncio.Event()
         self._refs = 0
@@ -47,11 +46,10 @@ class SimNvml:
     def status(self, uuid: str) -> GpuStatus:
         self._require_init()
         gpu = self._node.gpu(uuid)
-        if gpu is not None:
-            return GpuStatus(lost=gpu.lost, pending_xids=frozenset(gpu.xids))
-        if uuid in self._seen:
-            return GpuStatus(lost=True)  # was there, no longer listed
-        raise BackendError(f"NVML: no GPU with UUID {uuid}")
+        if gpu is None:
+            # As real NVML answers for a GPU taken off the node: not found.
+            raise BackendError(f"NVML: no GPU with UUID {uuid}")
+        return GpuStatus(lost=gpu.lost, pending_xids=frozenset(gpu.xids))
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """XIDs appended since the last call; returns early whenever the node changed."""
@@ -70,7 +68,6 @@ class SimNvml:
         old = {g.uuid: g for g in self._node.gpus}
         for gpu in node.gpus:
             self._pending.extend(_new_events(old.get(gpu.uuid), gpu))
-        self._seen |= {g.uuid for g in node.gpus}
         self._node = node
         self._changed.set()
 

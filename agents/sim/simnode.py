@@ -59,7 +59,12 @@ class SimulatedNode:
 
     def load(self) -> NodeSpec:
         """Parse the file and build everything; ConfigError when it is malformed."""
-        spec = parse_node(self.node_file.read_text(), str(self.node_file))
+        try:
+            text = self.node_file.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(str(self.node_file), "--simulate", f"a readable node file ({reason})")
+        spec = parse_node(text, str(self.node_file))
         self.tree.apply(spec)
         self._nvml = SimNvml(spec)
         self._links = SimLinkMonitor(spec, self._host_links)

@@ -276,23 +276,29 @@ async def test_nic_link_down_turns_unhealthy_and_up_healthy_again(
     assert listed(NIC, 8)(kubelet)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulated NVML reports a GPU gone from the node file as lost (Unhealthy) "
-    "and the GPU family never rediscovers, so it stays listed; SPEC 6 says it is removed",
-)
 async def test_removed_gpu_disappears_from_the_list(
     agent: RunningAgent, kubelet: Kubelet, node_doc: dict[str, Any], edit_node: EditNode
 ) -> None:
     await kubelet.wait_until(everything_listed, WAIT)
-    removed = node_doc["gpus"][7]["uuid"]
+    gpu = node_doc["gpus"][7]
+    removed = gpu["uuid"]
 
-    edit_node(lambda d: d["gpus"].pop(7))
+    def take_out(doc: dict[str, Any]) -> None:
+        doc["gpus"].pop(7)
+        for other in doc["gpus"]:
+            other["nvlinks"] = [p for p in other["nvlinks"] if p != removed]
+
+    edit_node(take_out)
 
     await kubelet.wait_until(listed(GPU, 7), FAULT_SEEN_WITHIN * 2)
     view = kubelet.resource(GPU)
     assert view is not None
     assert removed not in view.devices
+
+    # Put back (a GPU reseated after a fault), it is offered again, healthy.
+    edit_node(lambda d: d["gpus"].append(gpu))
+    await kubelet.wait_until(listed(GPU, 8), FAULT_SEEN_WITHIN * 2)
+    assert health(kubelet, GPU, removed) == "Healthy"
 
 
 # Sockets and resources

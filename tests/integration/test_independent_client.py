@@ -443,3 +443,19 @@ async def test_unknown_family_exits_2(
     assert "--families" in line
     assert "fpga" in line
     assert plugin_sockets(plugin_dir) == []
+
+
+async def test_plugin_dir_too_long_for_unix_sockets_exits_2(
+    start_agent: StartAgent, node_file: Path, tmp_path: Path
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    args = ["run", "--simulate", str(node_file), "--device-plugin-dir", str(deep)]
+
+    code, stderr = await asyncio.to_thread(_exit, start_agent, args)
+
+    assert code == 2
+    line = stderr.splitlines()[-1]
+    assert "--device-plugin-dir" in line
+    assert "107 bytes" in line
+    assert "Traceback" not in stderr
+    assert not any(deep.glob("*.sock"))

@@ -14,6 +14,7 @@ import pytest
 import structlog
 import yaml
 
+from agents.errors import BackendError
 from agents.hw.netlink import LinkState
 from agents.hw.nvml import XidEvent
 from agents.sim.bundled import bundled_node
@@ -121,7 +122,8 @@ async def test_removed_gpu_leaves_gpus_and_wakes_next_events(node: SimulatedNode
     await asyncio.wait_for(node.wait_version(version + 1), WITHIN)
     assert gone.uuid not in {g.uuid for g in node.nvml.gpus()}
     assert len(node.nvml.gpus()) == 7
-    assert node.nvml.status(gone.uuid).lost
+    with pytest.raises(BackendError, match=gone.uuid):
+        node.nvml.status(gone.uuid)
     assert node.sysfs.pci_real_path(gone.pci) == ""
 
 
