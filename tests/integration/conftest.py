@@ -3,7 +3,6 @@ agent as a real `node-agent run` process that is always killed at the end."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -19,21 +18,11 @@ import pytest
 import yaml
 
 from agents.sim.bundled import bundled_node
+from tests.writers import write_atomic, write_in_place
 
 NODE = "h100-8gpu-8nic"
 
 NodeEdit = Callable[[dict[str, Any]], None]
-
-
-def write_in_place(path: Path, text: str) -> None:
-    with path.open("w") as f:
-        f.write(text)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +25,24 @@ from agents.standin.kubelet import Kubelet
 
 WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 CONFIG_SOURCE = "gpu-test-config.yaml"
+
+
+def run_gpu_agent_to_exit(*args: str) -> tuple[int, str]:
+    """`node-agent run --families gpu ARGS` in a subprocess that should exit at once:
+    (exit code, last line of stderr)."""
+    with tempfile.TemporaryDirectory(prefix="dp-") as plugin_dir:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
+                *("--device-plugin-dir", plugin_dir, *args),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    lines = done.stderr.strip().splitlines()
+    return done.returncode, lines[-1] if lines else ""
 
 
 @dataclass

@@ -8,8 +8,6 @@ import asyncio
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,7 +28,13 @@ from agents.hw.nvml import NvmlBackend
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Kubelet, Pod
-from tests.integration.gpu_agent import WAIT, Running, config, running_agent
+from tests.integration.gpu_agent import (
+    WAIT,
+    Running,
+    config,
+    run_gpu_agent_to_exit,
+    running_agent,
+)
 
 NIC_RESOURCE = "rdma/roce"
 GPUS = 8
@@ -167,19 +171,8 @@ def test_fail_on_init_error_true_raises_backend_error(node_without_nvml: Simulat
 
 @needs_no_nvml
 def test_fail_on_init_error_true_makes_run_exit_1_with_a_clear_message() -> None:
-    with tempfile.TemporaryDirectory(prefix="dp-") as plugin_dir:
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
-                *("--device-plugin-dir", plugin_dir),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    assert done.returncode == 1, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+    code, last = run_gpu_agent_to_exit()
+    assert code == 1, last
     assert last.startswith("node-agent: NVML unavailable: "), last
 
 

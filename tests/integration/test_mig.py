@@ -3,9 +3,6 @@ MIG nodes, what Allocate names, and a fault on a MIG GPU reaching its instances.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +15,7 @@ from agents.gpu.resource import VISIBLE_DEVICES
 from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
 from agents.standin.kubelet import Container, Pod
-from tests.integration.gpu_agent import WAIT, running_agent
+from tests.integration.gpu_agent import WAIT, run_gpu_agent_to_exit, running_agent
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
@@ -82,20 +79,10 @@ async def test_single_on_a_node_with_a_whole_gpu_is_a_config_error(tmp_path: Pat
 def test_single_on_a_node_with_a_whole_gpu_exits_2_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(SINGLE)
-    with tempfile.TemporaryDirectory(prefix="dp-") as plugin_dir:
-        done = subprocess.run(
-            [
-                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
-                *("--config", str(config), "--device-plugin-dir", plugin_dir),
-                *("--simulate", str(bundled_node(MIXED_NODE))),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    assert done.returncode == 2, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
+    code, last = run_gpu_agent_to_exit(
+        *("--config", str(config), "--simulate", str(bundled_node(MIXED_NODE)))
+    )
+    assert code == 2, last
     assert last.startswith(f"node-agent: {config}: flags.migStrategy: "), last
 
 

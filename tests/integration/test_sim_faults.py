@@ -4,7 +4,6 @@ the link monitor and the sysfs tree within one second; malformed edits change no
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,19 +21,9 @@ from agents.sim.links import SimLinkMonitor
 from agents.sim.node import NodeSpec
 from agents.sim.simnode import SimulatedNode
 from tests.conditions import async_wait_until
+from tests.writers import write_atomic, write_in_place
 
 WITHIN = 1.0  # SPEC 6: an edit takes effect within one second
-
-
-def write_in_place(path: Path, text: str) -> None:
-    with path.open("w") as f:
-        f.write(text)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 WRITERS = [write_in_place, write_atomic]
