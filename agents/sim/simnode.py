@@ -63,7 +63,9 @@ class SimulatedNode:
             text = self.node_file.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise ConfigError(str(self.node_file), "--simulate", f"a readable node file ({reason})")
+            raise ConfigError(
+                str(self.node_file), "--simulate", f"a readable node file ({reason})"
+            ) from exc
         spec = parse_node(text, str(self.node_file))
         self.tree.apply(spec)
         self._nvml = SimNvml(spec)
