@@ -57,10 +57,16 @@ async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
     """A simulated node materialised in a temporary root for as long as the context lasts."""
     from agents.hw.netlink import NetlinkMonitor
 
-    with tempfile.TemporaryDirectory(prefix="node-agent-sim-") as root:
-        node = SimulatedNode(node_file, Path(root), host_links=NetlinkMonitor())
-        node.load()
-        yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
+    # Ours to close: the RoCE family closes its links when it ends, but a GPU-only
+    # agent, or a node file that fails to load, never hands them to one.
+    host_links = NetlinkMonitor()
+    try:
+        with tempfile.TemporaryDirectory(prefix="node-agent-sim-") as root:
+            node = SimulatedNode(node_file, Path(root), host_links=host_links)
+            node.load()
+            yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
+    finally:
+        host_links.close()
 
 
 def parse_families(text: str) -> tuple[str, ...]:

@@ -103,20 +103,15 @@ async def running_agent(
     stop = asyncio.Event()
     try:
         async with simulated_backends(node_file) as backends:
+            parsed = config(cfg) if isinstance(cfg, str) else cfg
+            agent = Agent(parsed, CONFIG_SOURCE, plugin_dir, backends, families)
+            agent.start()
+            task = asyncio.ensure_future(agent.run(stop))
             try:
-                parsed = config(cfg) if isinstance(cfg, str) else cfg
-                agent = Agent(parsed, CONFIG_SOURCE, plugin_dir, backends, families)
-                agent.start()
-                task = asyncio.ensure_future(agent.run(stop))
-                try:
-                    yield Running(agent, kubelet, backends, node_file)
-                finally:
-                    stop.set()
-                    await asyncio.wait_for(task, WAIT)
+                yield Running(agent, kubelet, backends, node_file)
             finally:
-                # simulated_backends leaves its host netlink socket open when no RoCE
-                # family ran to close it; close() is idempotent.
-                backends.links.close()
+                stop.set()
+                await asyncio.wait_for(task, WAIT)
     finally:
         await kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
