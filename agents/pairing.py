@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.core import pairing
-from agents.core.pairing import PairView, Tiebreak
+from agents.core.pairing import PairCost, PairView
 from agents.core.topology import Topology
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class PairingLedger:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        tiebreak: Tiebreak | None,
+        pair_cost: PairCost | None,
     ) -> list[str]:
         self._sync()
         this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
@@ -114,7 +114,7 @@ class PairingLedger:
             container_other=frozenset(other.container),
             this_free=frozenset(this.free),
         )
-        return pairing.prefer(available, must_include, size, view, tiebreak)
+        return pairing.prefer(available, must_include, size, view, pair_cost)
 
     def allocated(self, kind: str, ids: Sequence[str]) -> None:
         self._sync()
@@ -146,9 +146,9 @@ class PairingSide:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        tiebreak: Tiebreak | None = None,
+        pair_cost: PairCost | None = None,
     ) -> list[str]:
-        return self.ledger.prefer(self.kind, available, must_include, size, tiebreak)
+        return self.ledger.prefer(self.kind, available, must_include, size, pair_cost)
 
     def allocated(self, ids: Sequence[str]) -> None:
         self.ledger.allocated(self.kind, ids)

@@ -34,6 +34,23 @@ def choose_gpus(
     return sorted(ids[i] for i in search.run())
 
 
+def cheapest_subset(
+    fixed: Sequence[str], free: Sequence[str], want: int, pair_cost: Callable[[str, str], int]
+) -> tuple[int, list[str]]:
+    """`want` of `free` that, with all of `fixed`, have the smallest sum of `pair_cost`
+    over their pairs (ties: the smallest sorted free IDs), and that sum."""
+    ids = [*fixed, *sorted(free)]
+    n = len(ids)
+    weights = [[0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            weights[i][j] = weights[j][i] = pair_cost(ids[i], ids[j])
+    search = _Search(weights, len(fixed), want)
+    chosen = search.run()
+    assert search.best is not None
+    return search.best[0], [ids[i] for i in chosen]
+
+
 def _check_request(available: Sequence[str], must_include: Sequence[str], size: int) -> None:
     if len(set(available)) != len(available):
         raise ValueError("available device IDs repeat")

@@ -48,6 +48,7 @@ class GpuResource:
         self._pcie = pcie  # on physical GPU UUIDs
         self._inventory = Inventory(Device(u.id, True, u.numa) for u in plan.units)
         self.pairing: PairingSide | None = None  # set when NICs are paired with these GPUs
+        self._pair_costs: dict[tuple[str, str], int] | None = None  # units are fixed
 
     @property
     def whole_gpus(self) -> bool:
@@ -105,7 +106,7 @@ class GpuResource:
         if not self.whole_gpus:
             return self._pack_mig(available, must_include, size)
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._interconnect_cost)
+            return self.pairing.prefer(available, must_include, size, self._pair_cost)
         return gpu_choice.choose_gpus(
             available,
             must_include,
@@ -121,15 +122,26 @@ class GpuResource:
             pcie=lambda a, b: self._pcie(self._units[a].gpu_uuid, self._units[b].gpu_uuid),
         )
 
-    def _interconnect_cost(self, chosen: tuple[str, ...]) -> tuple[float, ...]:
-        """(-NVLinks, PCIe distance sum) over the pairs of a set: lower is better."""
-        gpus = [self._units[i].gpu_uuid for i in chosen]
-        links = pcie = 0
-        for n, a in enumerate(gpus):
-            for b in gpus[n + 1 :]:
-                links += self._nvlinks.get(frozenset((a, b)), 0)
-                pcie += int(self._pcie(a, b))
-        return (-links, pcie)
+    def _pair_cost(self, a: str, b: str) -> int:
+        """NVLinks between two GPUs, then their PCIe distance, as one cost: lower is better.
+
+        One NVLink outweighs the PCIe distances of every pair of a set of all the GPUs,
+        so summed over a set's pairs the two rank lexicographically."""
+        if self._pair_costs is None:
+            self._pair_costs = self._all_pair_costs()
+        return self._pair_costs[a, b]
+
+    def _all_pair_costs(self) -> dict[tuple[str, str], int]:
+        units = list(self._units.values())
+        nvlink_weight = int(Distance.SYS) * len(units) * (len(units) - 1) // 2 + 1
+        costs: dict[tuple[str, str], int] = {}
+        for a in units:
+            for b in units:
+                if a.id != b.id:
+                    links = self._nvlinks.get(frozenset((a.gpu_uuid, b.gpu_uuid)), 0)
+                    pcie = int(self._pcie(a.gpu_uuid, b.gpu_uuid))
+                    costs[a.id, b.id] = pcie - links * nvlink_weight
+        return costs
 
     def _spread(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         total = Counter(u.gpu_uuid for u in self._units.values())

@@ -56,7 +56,7 @@ class RoceResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._numa_spread)
+            return self.pairing.prefer(available, must_include, size, self._cross_numa)
         # Without a GPU partner: stay on the NUMA node of what is already chosen.
         numas = {self.nics[i].numa for i in must_include}
         rest = sorted(
@@ -65,6 +65,6 @@ class RoceResource:
         )
         return [*must_include, *rest[: size - len(must_include)]]
 
-    def _numa_spread(self, chosen: tuple[str, ...]) -> tuple[float, ...]:
-        """Fewer NUMA nodes first: the tie-break once pairing has had its say."""
-        return (len({self.nics[i].numa for i in chosen}),)
+    def _cross_numa(self, a: str, b: str) -> int:
+        """Pairs across NUMA nodes, fewest first: the tie-break once pairing has had its say."""
+        return int(self.nics[a].numa != self.nics[b].numa)

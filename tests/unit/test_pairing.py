@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 
 import pytest
 import structlog.testing
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.core.pairing import PairView, prefer
+from agents.core.pairing import PairView, prefer, score
 from agents.pairing import GPU, NIC, PairingLedger
 
 # One switch per pair: g<i> <-> n<i> (the 8-GPU, 8-NIC shape, four of it).
@@ -224,3 +225,44 @@ def test_ledger_without_checkpoint_signal_logs_once_and_still_pairs() -> None:
     warnings = [e for e in logs if e["event"] == "pairing_without_checkpoint_signal"]
     assert len(warnings) == 1
     assert warnings[0]["log_level"] == "warning"
+
+
+def _brute_force(
+    available: list[str], must: list[str], size: int, pair_view: PairView, cost: dict[str, int]
+) -> list[str]:
+    """The definition `prefer` implements: pairing score, then pair cost, then sorted IDs."""
+    fixed = tuple(sorted(must))
+    pool = sorted(set(available) - set(fixed))
+
+    def key(extra: tuple[str, ...]) -> tuple[object, ...]:
+        chosen = fixed + extra
+        pairs = itertools.combinations(chosen, 2)
+        return (score(chosen, pair_view), sum(cost[a] * cost[b] for a, b in pairs), sorted(chosen))
+
+    best = min(itertools.combinations(pool, size - len(fixed)), key=key)
+    return sorted(fixed + best)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), n=st.integers(1, 9))
+def test_prefer_equals_the_brute_force_optimum(data: st.DataObject, n: int) -> None:
+    ids = [f"d{i}" for i in range(n)]
+    others = [f"o{i}" for i in range(4)]
+    partners = {d: frozenset(data.draw(st.sets(st.sampled_from(others), max_size=2))) for d in ids}
+    available = data.draw(st.lists(st.sampled_from(ids), min_size=1, unique=True))
+    must = data.draw(st.lists(st.sampled_from(available), max_size=2, unique=True))
+    size = data.draw(st.integers(max(len(must), 1), len(available)))
+    cost = {d: data.draw(st.integers(0, 3)) for d in ids}
+    pair_view = PairView(
+        partners=partners,
+        other_free=frozenset(data.draw(st.sets(st.sampled_from(others)))),
+        container_other=frozenset(data.draw(st.sets(st.sampled_from(others), max_size=2))),
+        this_free=frozenset(available) - frozenset(must),
+    )
+    got = prefer(available, must, size, pair_view, lambda a, b: cost[a] * cost[b])
+    want = _brute_force(available, must, size, pair_view, cost)
+    pairs = itertools.combinations
+    assert score(tuple(got), pair_view) == score(tuple(want), pair_view)
+    assert sum(cost[a] * cost[b] for a, b in pairs(got, 2)) == sum(
+        cost[a] * cost[b] for a, b in pairs(want, 2)
+    )
