@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
-import math
 import random
 import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from agents.daemon import Agent, simulated_backends
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import AllocatedContainer, Container, Kubelet, Pod
+from hack.benchlib.pairing import Judge, nics_for
 
 NIC = "rdma/roce"
 OPERATIONS = 400
@@ -53,54 +51,6 @@ class Workload:
             f"({100 * self.rate:.1f}%), knowably possible {self.knowable}, "
             f"misses among those {len(self.misses)}; mix: {mix}"
         )
-
-
-class Judge:
-    """Brute force over the topology: what "fully paired" means, and whether it was possible.
-
-    A GPU's partners are the NICs at its smallest PCIe distance. A container with GPUs G and
-    NICs N is fully paired when
-      (a) every NIC in N is a partner of some GPU in G, and
-      (b) the number of GPUs in G with a partner in N is min(|G|, reach(|N|)), where
-          reach(m) is the most GPUs that any m NICs of this node are partners of: every GPU
-          has a partner in N unless the NIC count alone makes that impossible.
-    """
-
-    def __init__(self, topology: Topology) -> None:
-        self.partners = topology.pairs()
-        nics = sorted(topology.nics)
-        served = {n: {g for g, p in self.partners.items() if n in p} for n in nics}
-        self.reach = {
-            m: max(
-                (
-                    len(set().union(*(served[n] for n in s)))
-                    for s in itertools.combinations(nics, m)
-                ),
-                default=0,
-            )
-            for m in range(len(nics) + 1)
-        }
-
-    def fully_paired(self, gpus: Iterable[str], nics: Iterable[str]) -> bool:
-        g, n = set(gpus), set(nics)
-        reachable = set().union(*(self.partners[x] for x in g)) if g else set()
-        if not n <= reachable:
-            return False
-        covered = sum(1 for x in g if self.partners[x] & n)
-        return covered >= min(len(g), self.reach[len(n)])
-
-    def possible(self, free_gpus: set[str], free_nics: set[str], k: int, m: int) -> bool:
-        for gpus in itertools.combinations(sorted(free_gpus), k):
-            near = set().union(*(self.partners[x] for x in gpus)) & free_nics
-            if len(near) < m:
-                continue
-            if any(self.fully_paired(gpus, n) for n in itertools.combinations(sorted(near), m)):
-                return True
-        return False
-
-
-def nics_for(node: str, k: int) -> int:
-    return k if node == "h100-8gpu-8nic" else math.ceil(k / 2)
 
 
 async def run_workload(node: str, work: Path, *, pairing: bool, seed: int = SEED) -> Workload:
