@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -46,6 +47,7 @@ class GpuFamily:
         self.gpus: list[Gpu] = []
         self._resources: list[GpuResource] = []
         self._healthy: dict[str, bool] = {}
+        self._pushed: dict[str, bool] | None = None  # what the resources were last given
 
     def start(self) -> None:
         """Initialise NVML and plan the resources. Raises BackendError or ConfigError."""
@@ -101,18 +103,19 @@ class GpuFamily:
     async def run(self, stop: asyncio.Event) -> None:
         if not self._resources:
             return
+        stopped = asyncio.ensure_future(stop.wait())  # one waiter for all ticks
         try:
             while not stop.is_set():
-                events = await self._next_events(stop)
+                events = await self._next_events(stopped)
                 for event in events:
                     self._log_xid(event)
                 self._refresh()
         finally:
+            stopped.cancel()
             self._nvml.shutdown()
 
-    async def _next_events(self, stop: asyncio.Event) -> list[XidEvent]:
+    async def _next_events(self, stopped: asyncio.Future[Any]) -> list[XidEvent]:
         wait = asyncio.ensure_future(self._nvml.next_events(PROBE_INTERVAL_S))
-        stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait([wait, stopped], return_when=asyncio.FIRST_COMPLETED)
             return wait.result() if wait.done() else []
@@ -122,14 +125,17 @@ class GpuFamily:
             return []
         finally:
             wait.cancel()
-            stopped.cancel()
 
     def _log_xid(self, event: XidEvent) -> None:
         critical = xid.is_critical(event.xid, self._config.health.disabled_xids)
         log.info("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
 
     def _refresh(self) -> None:
-        """Probe every GPU and push the resulting health to each resource."""
+        """Probe every GPU; push the health to each resource only when it changed.
+
+        This runs on every probe tick: the probe is O(GPUs), while a push rebuilds the
+        device list of every resource (GPUs x replicas), which an idle node never needs.
+        """
         healthy: dict[str, bool] = {}
         for gpu in self.gpus:
             try:
@@ -144,6 +150,9 @@ class GpuFamily:
         for gone in set(self._healthy) - set(healthy):
             log.warning("gpu_removed", gpu=gone)
         self._healthy = healthy
+        if healthy == self._pushed:
+            return
+        self._pushed = dict(healthy)
         for resource in self._resources:
             resource.set_health(healthy)
 
