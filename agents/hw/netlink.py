@@ -111,7 +111,8 @@ class NetlinkMonitor:
             self._on_readable()  # what arrived before this loop listened
         if self._error is None:
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):  # a timer, not a task per wait
+                    await self._changed.wait()
             except TimeoutError:
                 return False
         if self._error is not None:

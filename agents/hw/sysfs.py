@@ -12,6 +12,8 @@ from pathlib import Path
 from agents.core.topology import PciLocation
 from agents.errors import BackendError
 
+_CHUNK = 4096  # a sysfs attribute is at most one page
+
 
 @dataclass(frozen=True)
 class RdmaPort:
@@ -80,8 +82,8 @@ class Sysfs:
 
     def port_state(self, rdma: str, port: int) -> str:
         """`ACTIVE`, `DOWN`, ... of one port of an RDMA device."""
-        text = self._read(self.root / "class/infiniband" / rdma / "ports" / str(port) / "state")
-        return _port_state(text)
+        # Polled every second for every NIC: a plain string path, no Path objects.
+        return _port_state(self._read(f"{self.root}/class/infiniband/{rdma}/ports/{port}/state"))
 
     def rdma_devices(self) -> list[RdmaDevice]:
         """Every RDMA device with a PCI function behind it, sorted by name."""
@@ -136,9 +138,16 @@ class Sysfs:
             self._check_root()
             return []
 
-    def _read(self, path: Path) -> str | None:
+    def _read(self, path: Path | str) -> str | None:
+        # Bare system calls: a buffered text file costs three times as many, and port
+        # states are read for every NIC every second.
         try:
-            return path.read_text().strip()
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = b"".join(iter(lambda: os.read(fd, _CHUNK), b""))
+            finally:
+                os.close(fd)
+            return data.decode(errors="replace").strip()
         except OSError:
             self._check_root()
             return None

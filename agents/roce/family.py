@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -51,6 +52,7 @@ class RoceFamily:
             config.roce.resource_name, [], dev_root="" if dev_root is None else str(dev_root)
         )
         self._nics: list[Nic] = []
+        self._pushed: tuple[list[Nic], dict[str, bool]] | None = None  # last set_nics
 
     def start(self) -> None:
         self._nics = discover(self._sysfs, self._selectors)
@@ -65,26 +67,26 @@ class RoceFamily:
         return self._nics
 
     async def run(self, stop: asyncio.Event) -> None:
+        stopped = asyncio.ensure_future(stop.wait())  # one waiter for all polls
         try:
             while not stop.is_set():
-                changed = await self._wait(stop)
+                changed = await self._wait(stopped)
                 if changed:
                     self._nics = discover(self._sysfs, self._selectors)
                 self._refresh()
         finally:
+            stopped.cancel()
             self._links.close()
 
-    async def _wait(self, stop: asyncio.Event) -> bool:
+    async def _wait(self, stopped: asyncio.Future[Any]) -> bool:
         due = self._health.next_due()
         timeout = PORT_POLL_S if due is None else max(0.0, min(PORT_POLL_S, due - self._clock()))
         change = asyncio.ensure_future(self._links.next_change(timeout))
-        stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait([change, stopped], return_when=asyncio.FIRST_COMPLETED)
             return change.done() and change.result()
         finally:
             change.cancel()
-            stopped.cancel()
 
     def _state(self, nic: Nic) -> tuple[bool, str]:
         link = self._links.state(nic.netdev)
@@ -107,7 +109,10 @@ class RoceFamily:
         for nic in self._nics:
             if before[nic.pci] is not None and before[nic.pci] != healthy[nic.pci]:
                 self._report(nic, healthy[nic.pci], reasons[nic.pci])
-        self._resource.set_nics(self._nics, healthy)
+        # Most polls change nothing: rebuilding the device list then is wasted work.
+        if self._pushed != (self._nics, healthy):
+            self._pushed = (self._nics, healthy)
+            self._resource.set_nics(self._nics, healthy)
 
     def _report(self, nic: Nic, ok: bool, reason: str) -> None:
         if ok:

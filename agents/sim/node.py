@@ -5,6 +5,7 @@ Every mistake is a ConfigError naming the file, the key path and what was expect
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,10 +65,19 @@ class NodeSpec:
         return (*self.gpus, *self.nics)
 
     def gpu(self, uuid: str) -> GpuSpec | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
+        return self._gpus_by_uuid.get(uuid)
 
     def nic_by_netdev(self, netdev: str) -> NicSpec | None:
-        return next((n for n in self.nics if n.netdev == netdev), None)
+        return self._nics_by_netdev.get(netdev)
+
+    # Looked up for every device on every health probe: indexed once per node.
+    @functools.cached_property
+    def _gpus_by_uuid(self) -> dict[str, GpuSpec]:
+        return {g.uuid: g for g in reversed(self.gpus)}  # the first of duplicates wins
+
+    @functools.cached_property
+    def _nics_by_netdev(self) -> dict[str, NicSpec]:
+        return {n.netdev: n for n in reversed(self.nics)}
 
 
 def load_node(path: Path) -> NodeSpec:

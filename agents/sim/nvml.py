@@ -56,7 +56,8 @@ class SimNvml:
         self._require_init()
         if not self._pending:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(timeout_s, 0.0))
+                async with asyncio.timeout(max(timeout_s, 0.0)):  # a timer, not a task
+                    await self._changed.wait()
         self._changed.clear()
         events, self._pending = self._pending, []
         return events

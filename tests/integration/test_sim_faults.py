@@ -176,3 +176,31 @@ async def test_interface_on_the_host_takes_its_state_from_the_host_monitor() -> 
 async def test_next_change_times_out_false_without_changes() -> None:
     links = SimLinkMonitor(_node_with_lo(), None)
     assert not await links.next_change(timeout_s=0.05)
+
+
+class FailingHostLinks(FakeHostLinks):
+    """A host link monitor whose netlink socket fails once `change` is set."""
+
+    async def next_change(self, timeout_s: float) -> bool:
+        await asyncio.wait_for(self.change.wait(), timeout_s)
+        raise BackendError("netlink link monitor failed: test")
+
+
+async def test_host_monitor_failure_surfaces_from_next_change() -> None:
+    host = FailingHostLinks()
+    links = SimLinkMonitor(_node_with_lo(), host)
+    waiter = asyncio.create_task(links.next_change(timeout_s=5))
+    host.change.set()
+    with pytest.raises(BackendError, match="test"):
+        await asyncio.wait_for(waiter, WITHIN)
+    links.close()
+
+
+async def test_host_change_while_nobody_waits_is_taken_by_the_next_wait() -> None:
+    host = FakeHostLinks()
+    links = SimLinkMonitor(_node_with_lo(), host)
+    assert not await links.next_change(timeout_s=0.01)  # the host is followed from now on
+    host.change.set()
+    assert await asyncio.wait_for(links.next_change(timeout_s=5), WITHIN)
+    links.close()
+    assert host.closed
