@@ -1,4 +1,4 @@
-"""The link-state Protocol the RoCE family uses, and the real netlink backend (pyroute2)."""
+"""The link-state Protocol the RoCE family uses, and the real backend over rtnetlink."""
 
 from __future__ import annotations
 
@@ -7,15 +7,14 @@ import concurrent.futures
 import contextlib
 import enum
 import errno
+import os
 import socket
-import struct
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
-from pyroute2 import netns as pyroute2_netns
-from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from agents.errors import BackendError
+from agents.hw import rtnetlink
 
 log = structlog.get_logger(__name__)
 
@@ -38,11 +37,8 @@ class LinkMonitor(Protocol):
     def close(self) -> None: ...
 
 
-# from <linux/netlink.h>, <linux/rtnetlink.h> and <linux/if.h>
+# from <linux/rtnetlink.h> and <linux/if.h>
 _RTMGRP_LINK = 0x1
-_RTM_NEWLINK, _RTM_DELLINK, _RTM_GETLINK = 16, 17, 18
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
 IFF_UP, IFF_RUNNING, IFF_LOWER_UP = 0x1, 0x40, 0x10000
 
 _RCVBUF = 1 << 20
@@ -77,7 +73,6 @@ class NetlinkMonitor:
     def __init__(self, netns: str | None = None) -> None:
         self._sock = _open_socket(netns)
         self._port: int = self._sock.getsockname()[0]
-        self._marshal = MarshalRtnl()
         self._links: dict[int, tuple[str, LinkState]] = {}
         self._index_by_name: dict[str, int] = {}
         self._seq = 0
@@ -174,36 +169,35 @@ class NetlinkMonitor:
         self._dump_seq = self._seq
         self._dump_seen = set()
         self._dump_answering = False
-        header = struct.pack("=IHHII", 32, _RTM_GETLINK, _NLM_F_REQUEST | _NLM_F_DUMP, self._seq, 0)
-        self._sock.send(header + struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0))
+        self._sock.send(rtnetlink.link_dump_request(self._seq))
 
     def _receive(self, data: bytes) -> None:
-        for msg in self._marshal.parse(data):
+        for msg in rtnetlink.parse(data):
             self._handle(msg)
 
-    def _handle(self, msg: Any) -> None:
-        header = msg["header"]
-        kind = header["type"]
-        answer = self._dump_seq is not None and header["pid"] == self._port
-        answer = answer and header["sequence_number"] == self._dump_seq
-        if answer and kind in (_NLMSG_DONE, _NLMSG_ERROR):
-            if header.get("error") is not None:
-                raise OSError(f"link dump refused: {header['error']}")
+    def _handle(self, msg: rtnetlink.Message) -> None:
+        kind = msg.kind
+        answer = self._dump_seq is not None and msg.port == self._port
+        answer = answer and msg.seq == self._dump_seq
+        if answer and kind in (rtnetlink.NLMSG_DONE, rtnetlink.NLMSG_ERROR):
+            if msg.error:
+                raise OSError(f"link dump refused: {os.strerror(-msg.error)}")
             self._finish_dump()
-        elif kind not in (_RTM_NEWLINK, _RTM_DELLINK) or msg["family"] != socket.AF_UNSPEC:
+        elif kind not in (rtnetlink.RTM_NEWLINK, rtnetlink.RTM_DELLINK):
+            return
+        elif msg.family != socket.AF_UNSPEC:
             return  # bridge-port notifications share the group, with family AF_BRIDGE
-        elif kind == _RTM_DELLINK:
-            self._dump_seen.discard(msg["index"])
-            self._remove(msg["index"])
+        elif kind == rtnetlink.RTM_DELLINK:
+            self._dump_seen.discard(msg.index)
+            self._remove(msg.index)
         else:
             # The socket queue is in time order: notifications queued before the dump's
             # first answer are older than the dump and cannot vouch that a link exists.
             self._dump_answering |= answer
             if self._dump_answering:
-                self._dump_seen.add(msg["index"])
-            operstate = msg.get_attr("IFLA_OPERSTATE") or "UNKNOWN"
-            state = link_state(msg["flags"], operstate)
-            self._set(msg["index"], msg.get_attr("IFLA_IFNAME"), state)
+                self._dump_seen.add(msg.index)
+            state = link_state(msg.flags, msg.operstate or "UNKNOWN")
+            self._set(msg.index, msg.ifname, state)
 
     def _finish_dump(self) -> None:
         """Links not heard of during the dump are gone (their removal may have been lost)."""
@@ -249,6 +243,10 @@ def _open_socket(netns: str | None) -> socket.socket:
 
 
 def _link_socket_in(netns: str) -> socket.socket:
+    # Imported here: pyroute2 costs a tenth of a second to import, and only tests and
+    # tools ask for a namespace other than our own.
+    from pyroute2 import netns as pyroute2_netns
+
     # setns() moves only the calling thread, a throwaway one; the socket stays in netns.
     pyroute2_netns.setns(netns, flags=0)  # flags=0: never create the namespace
     return _link_socket()
