@@ -46,7 +46,7 @@ class Backends:
 def real_backends(config: Config) -> Backends:
     from agents.core.xid import APPLICATION_XIDS
     from agents.hw.netlink import NetlinkMonitor
-    from agents.hw.nvml import NvmlBackend
+    from agents.hw.nvml_backend import NvmlBackend
 
     ignored = APPLICATION_XIDS | config.health.disabled_xids
     return Backends(NvmlBackend(ignored_xids=ignored), Sysfs(), NetlinkMonitor())

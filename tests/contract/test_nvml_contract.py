@@ -19,7 +19,7 @@ NVML_BUS_ID = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
 
 def _real() -> Nvml:
     try:
-        from agents.hw.nvml import NvmlBackend
+        from agents.hw.nvml_backend import NvmlBackend
     except ImportError as exc:
         pytest.skip(f"no real NVML backend in this build: {exc}")
     backend = NvmlBackend()

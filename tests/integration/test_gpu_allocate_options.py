@@ -24,7 +24,7 @@ from agents.errors import BackendError
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import GPU_RESOURCE
 from agents.gpu.resource import VISIBLE_DEVICES
-from agents.hw.nvml import NvmlBackend
+from agents.hw.nvml_backend import NvmlBackend
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Kubelet, Pod

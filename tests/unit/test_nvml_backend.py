@@ -8,7 +8,7 @@ import pytest
 from agents.core.mig import mig_profile_name
 from agents.core.xid import PendingXids
 from agents.errors import BackendError
-from agents.hw.nvml import NvmlBackend
+from agents.hw.nvml_backend import NvmlBackend
 
 
 def _nvml_present() -> bool:
