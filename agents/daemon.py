@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -17,8 +18,6 @@ from agents.gpu.family import GpuFamily
 from agents.hw.netlink import LinkMonitor
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
-from agents.labels import keep_labels
-from agents.metrics import Metrics, MetricsServer
 from agents.pairing import PairingLedger, attach_pairing
 from agents.plugin.family import Family
 from agents.plugin.manager import PluginManager
@@ -26,6 +25,9 @@ from agents.plugin.resource import Resource
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.roce.family import RoceFamily
 from agents.sim.simnode import SimulatedNode
+
+if TYPE_CHECKING:
+    from agents.metrics import Metrics, MetricsServer
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +99,8 @@ class Agent:
         self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
         if self.metrics_address is not None:
+            from agents.metrics import Metrics, MetricsServer  # prometheus_client: only if asked
+
             self.metrics = Metrics()
             self.telemetry = self.metrics
             self.metrics_server = MetricsServer(self.metrics, self.metrics_address, self.serving)
@@ -142,6 +146,8 @@ class Agent:
         if self.backends.simulated is not None:
             coros.append(self.backends.simulated.run(stop))
         if self.nfd_features_file is not None:
+            from agents.labels import keep_labels
+
             coros.append(keep_labels(self.nfd_features_file, self.gpu, self.roce, stop))
         if self.metrics_server is not None:
             coros.append(self.metrics_server.serve(stop))
