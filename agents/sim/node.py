@@ -22,6 +22,9 @@ from agents.sim.fields import Fields, MappingValue
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
 PCI_FORM = 'a quoted PCI address "dddd:bb:dd.f" (lower-case hex)'
+# libyaml's safe loader where PyYAML was built with it: a node file of 16 GPUs and
+# 16 NICs parses in milliseconds instead of a tenth of a second, on every start.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def load_node(path: Path) -> NodeSpec:
 def parse_node(text: str, source: str) -> NodeSpec:
     """Parse the text of a node file; `source` names it in errors."""
     try:
-        doc: Any = yaml.safe_load(text)
+        doc: Any = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "<document>"

@@ -35,6 +35,7 @@ class SimulatedNode:
         self.rejected = 0  # edits refused (malformed or unreadable)
         self._host_links = host_links
         self._spec: NodeSpec | None = None
+        self._text: str | None = None  # the file's text as last applied
         self._nvml: SimNvml | None = None
         self._links: SimLinkMonitor | None = None
         self._applied = asyncio.Event()
@@ -70,6 +71,7 @@ class SimulatedNode:
         self.tree.apply(spec)
         self._nvml = SimNvml(spec)
         self._links = SimLinkMonitor(spec, self._host_links)
+        self._text = text
         self._applied_now(spec)
         return spec
 
@@ -92,16 +94,20 @@ class SimulatedNode:
         source = str(self.node_file)
         try:
             text = await asyncio.to_thread(self.node_file.read_text)
+            if text == self._text:
+                return False  # e.g. the check as run() starts: no edit yet, no parse
             spec = parse_node(text, source)
         except (OSError, ConfigError) as exc:
             self.rejected += 1
             log.warning("node_file_invalid", file=source, error=str(exc))
             return False
         if spec == self._spec:
+            self._text = text
             return False
         await asyncio.to_thread(self.tree.apply, spec)
         self.nvml.update(spec)
         self.links.update(spec)
+        self._text = text
         self._applied_now(spec)
         log.info("node_file_applied", file=source, version=self.version)
         return True
