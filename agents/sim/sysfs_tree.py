@@ -18,6 +18,7 @@ GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "0x10de", "0x2330", "0x030200"
 BRIDGE_VENDOR, BRIDGE_DEVICE, BRIDGE_CLASS = "0x1000", "0xc030", "0x060400"
 NIC_DEVICE = "0x101d"
 NIC_CLASS = {"Ethernet": "0x020000", "InfiniBand": "0x020700"}
+_MAX_FILE = 4096  # every file of the tree is one short line
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,21 @@ class SysfsTree:
 
     def apply(self, node: NodeSpec) -> None:
         """Bring the tree to `node`: states change in place, vanished devices go, new
-        ones appear. Each file and link is replaced atomically."""
-        self._staging.mkdir(parents=True, exist_ok=True)
+        ones appear. Each file and link is replaced atomically once the tree exists."""
+        files = _Files(self._staging, fresh=not self.sys.exists())
+        files.mkdir(self._staging)
         functions = _functions(node)
-        self._remove_stale(functions)
+        if not files.fresh:
+            self._remove_stale(functions)
         for addr, fn in functions.items():
-            self._write_function(addr, fn)
-        for gpu in node.gpus:
-            self._prune(self._device_dir(functions, gpu.pci), set())
+            self._write_function(files, addr, fn)
+        if not files.fresh:
+            for gpu in node.gpus:
+                self._prune(self._device_dir(functions, gpu.pci), set())
         for nic in node.nics:
-            self._write_nic(self._device_dir(functions, nic.pci), nic)
-        self._prune_class_links(node)
+            self._write_nic(files, self._device_dir(functions, nic.pci), nic)
+        if not files.fresh:
+            self._prune_class_links(node)
         self.dev.apply(node)
 
     def _device_dir(self, functions: dict[str, _Function], addr: str) -> Path:
@@ -76,43 +81,45 @@ class SysfsTree:
             if entry.startswith("pci") and entry not in hosts:
                 shutil.rmtree(self.sys / "devices" / entry, ignore_errors=True)
 
-    def _write_function(self, addr: str, fn: _Function) -> None:
+    def _write_function(self, files: _Files, addr: str, fn: _Function) -> None:
         path = self.sys / fn.rel
-        path.mkdir(parents=True, exist_ok=True)
-        self._write(path / "vendor", fn.vendor)
-        self._write(path / "device", fn.device)
-        self._write(path / "class", fn.pci_class)
-        self._write(path / "numa_node", str(-1 if fn.numa is None else fn.numa))
-        self._link(self.sys / "bus/pci/devices" / addr, path)
+        files.mkdir(path)
+        files.write(path / "vendor", fn.vendor)
+        files.write(path / "device", fn.device)
+        files.write(path / "class", fn.pci_class)
+        files.write(path / "numa_node", str(-1 if fn.numa is None else fn.numa))
+        files.link(self.sys / "bus/pci/devices" / addr, path)
 
-    def _write_nic(self, pci_dir: Path, nic: NicSpec) -> None:
-        self._prune(pci_dir / "net", {nic.netdev})
-        net = pci_dir / "net" / nic.netdev
-        net.mkdir(parents=True, exist_ok=True)
-        self._write(net / "operstate", nic.link)
-        self._link(net / "device", pci_dir)
-        self._link(self.sys / "class/net" / nic.netdev, net)
+    def _write_nic(self, files: _Files, pci_dir: Path, nic: NicSpec) -> None:
         has_rdma = nic.rdma is not None and nic.uverbs is not None
-        self._prune(pci_dir, {"net", "infiniband", "infiniband_verbs"} if has_rdma else {"net"})
+        if not files.fresh:
+            self._prune(pci_dir / "net", {nic.netdev})
+            self._prune(pci_dir, {"net", "infiniband", "infiniband_verbs"} if has_rdma else {"net"})
+        net = pci_dir / "net" / nic.netdev
+        files.mkdir(net)
+        files.write(net / "operstate", nic.link)
+        files.link(net / "device", pci_dir)
+        files.link(self.sys / "class/net" / nic.netdev, net)
         if nic.rdma is None or nic.uverbs is None:
             return
-        self._prune(pci_dir / "infiniband", {nic.rdma})
-        ib = pci_dir / "infiniband" / nic.rdma
-        (ib / "ports/1").mkdir(parents=True, exist_ok=True)
-        up = nic.link == "up"
-        self._write(ib / "ports/1/state", "4: ACTIVE" if up else "1: DOWN")
-        self._write(ib / "ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
-        self._write(ib / "ports/1/link_layer", nic.link_layer)
-        self._link(ib / "device", pci_dir)
-        self._link(self.sys / "class/infiniband" / nic.rdma, ib)
         uverbs = f"uverbs{nic.uverbs}"
-        self._prune(pci_dir / "infiniband_verbs", {uverbs})
+        if not files.fresh:
+            self._prune(pci_dir / "infiniband", {nic.rdma})
+            self._prune(pci_dir / "infiniband_verbs", {uverbs})
+        ib = pci_dir / "infiniband" / nic.rdma
+        files.mkdir(ib / "ports/1")
+        up = nic.link == "up"
+        files.write(ib / "ports/1/state", "4: ACTIVE" if up else "1: DOWN")
+        files.write(ib / "ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
+        files.write(ib / "ports/1/link_layer", nic.link_layer)
+        files.link(ib / "device", pci_dir)
+        files.link(self.sys / "class/infiniband" / nic.rdma, ib)
         verbs = pci_dir / "infiniband_verbs" / uverbs
-        verbs.mkdir(parents=True, exist_ok=True)
-        self._write(verbs / "ibdev", nic.rdma)
-        self._write(verbs / "dev", f"231:{192 + nic.uverbs}")
-        self._link(verbs / "device", pci_dir)
-        self._link(self.sys / "class/infiniband_verbs" / uverbs, verbs)
+        files.mkdir(verbs)
+        files.write(verbs / "ibdev", nic.rdma)
+        files.write(verbs / "dev", f"231:{192 + nic.uverbs}")
+        files.link(verbs / "device", pci_dir)
+        files.link(self.sys / "class/infiniband_verbs" / uverbs, verbs)
 
     def _prune_class_links(self, node: NodeSpec) -> None:
         rdma = [n for n in node.nics if n.rdma is not None and n.uverbs is not None]
@@ -133,26 +140,64 @@ class SysfsTree:
             if entry not in keep and path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
 
-    def _write(self, path: Path, text: str) -> None:
-        data = text + "\n"
+
+class _Files:
+    """The file operations of one apply(). In a live tree each file and link is replaced
+    atomically (readers never see a half-written one) and only when it changed. A fresh
+    tree has no readers yet: its files are created in place, at half the cost."""
+
+    def __init__(self, staging: Path, *, fresh: bool) -> None:
+        self.fresh = fresh
+        self._staging = staging
+        self._dirs: set[Path] = set()  # known to exist
+
+    def mkdir(self, path: Path) -> None:
+        if path not in self._dirs:
+            path.mkdir(parents=True, exist_ok=True)
+            self._dirs.update((path, *path.parents))
+
+    def write(self, path: Path, text: str) -> None:
+        data = (text + "\n").encode()
+        if self.fresh:
+            _write_file(path, data)
+            return
         try:
-            if path.read_text() == data:
+            if _read_file(path) == data:
                 return
         except OSError:
             pass
         tmp = self._staging / f"{path.name}.{os.getpid()}"
-        tmp.write_text(data)
+        _write_file(tmp, data)
         os.replace(tmp, path)
 
-    def _link(self, link: Path, target: Path) -> None:
+    def link(self, link: Path, target: Path) -> None:
         rel = os.path.relpath(target, link.parent)
+        self.mkdir(link.parent)
+        if self.fresh:
+            os.symlink(rel, link)
+            return
         if os.path.islink(link) and os.readlink(link) == rel:
             return
-        link.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._staging / f"{link.name}.{os.getpid()}.link"
         tmp.unlink(missing_ok=True)
-        tmp.symlink_to(rel)
+        os.symlink(rel, tmp)
         os.replace(tmp, link)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _read_file(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, _MAX_FILE)
+    finally:
+        os.close(fd)
 
 
 def _functions(node: NodeSpec) -> dict[str, _Function]:

@@ -139,3 +139,37 @@ def test_missing_root_is_a_backend_error_and_missing_files_are_absent(tmp_path: 
     assert sysfs.pci_vendor("0000:00:00.0") == ""
     with pytest.raises(BackendError, match="no sysfs"):
         Sysfs(tmp_path / "nowhere").rdma_devices()
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, str]]:
+    """Every entry under root: ("dir", ""), ("link", target), ("file", text), ("dev", "")."""
+    out: dict[str, tuple[str, str]] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".staging"):
+            continue
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            out[rel] = ("link", os.readlink(path))
+        elif stat.S_ISDIR(mode):
+            out[rel] = ("dir", "")
+        elif stat.S_ISCHR(mode):
+            out[rel] = ("dev", "")
+        else:
+            out[rel] = ("file", path.read_text())
+    return out
+
+
+def test_a_tree_built_afresh_equals_one_brought_there_by_edits(tmp_path: Path) -> None:
+    node = load_node(bundled_node("h100-8gpu-8nic"))
+    edited = SysfsTree(tmp_path / "edited")
+    other = dataclasses.replace(
+        node,
+        gpus=node.gpus[2:],
+        nics=(dataclasses.replace(node.nics[0], link="down"), *node.nics[3:]),
+    )
+    edited.apply(other)
+    edited.apply(node)
+    fresh = SysfsTree(tmp_path / "fresh")
+    fresh.apply(node)
+    assert _snapshot(edited.root) == _snapshot(fresh.root)
