@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 FAMILIES = ("gpu", "roce")
+MEMORY_TMP = Path("/dev/shm")  # tmpfs wherever POSIX shared memory works
 
 
 @dataclass
@@ -54,6 +56,15 @@ def real_backends(config: Config) -> Backends:
     return Backends(NvmlBackend(ignored_xids=ignored), Sysfs(), NetlinkMonitor())
 
 
+def sim_root_parent() -> str | None:
+    """Where a simulated node's tree goes: a memory filesystem when one is writable here,
+    else (None) the temporary directory. The tree stands in for /sys, itself in memory;
+    on a busy disk creating its hundreds of tiny files can take a second of the start."""
+    if MEMORY_TMP.is_dir() and os.access(MEMORY_TMP, os.W_OK | os.X_OK):
+        return str(MEMORY_TMP)
+    return None
+
+
 @contextlib.asynccontextmanager
 async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
     """A simulated node materialised in a temporary root for as long as the context lasts."""
@@ -63,7 +74,7 @@ async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
     # agent, or a node file that fails to load, never hands them to one.
     host_links = NetlinkMonitor()
     try:
-        with tempfile.TemporaryDirectory(prefix="node-agent-sim-") as root:
+        with tempfile.TemporaryDirectory(prefix="node-agent-sim-", dir=sim_root_parent()) as root:
             node = SimulatedNode(node_file, Path(root), host_links=host_links)
             node.load()
             yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)

@@ -1,4 +1,4 @@
-"""simulated_backends owns the host netlink socket it opens: closed on exit, whoever ran."""
+"""simulated_backends: the host netlink socket it opens and the tree it builds go with it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import MEMORY_TMP, Agent, simulated_backends
 from agents.errors import ConfigError
 from tests.conditions import async_wait_until
 
@@ -73,3 +73,16 @@ async def test_a_node_file_that_fails_to_load_leaves_no_host_link_socket_open(
         async with simulated_backends(broken):
             pass
     assert _link_watch_sockets() == before
+
+
+@pytest.mark.skipif(
+    not os.access(MEMORY_TMP, os.W_OK | os.X_OK), reason=f"{MEMORY_TMP} is not writable here"
+)
+async def test_the_simulated_tree_lives_in_memory_and_goes_with_the_context(
+    node_file: Path,
+) -> None:
+    async with simulated_backends(node_file) as backends:
+        root = backends.dev_root
+        assert root is not None and root.parent == MEMORY_TMP
+        assert (root / "sys/bus/pci/devices").is_dir()
+    assert not root.exists()
