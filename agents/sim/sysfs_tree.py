@@ -40,6 +40,7 @@ class SysfsTree:
         self.sys = root / "sys"
         self.dev = DeviceNodes(root)
         self._staging = root / ".staging"
+        self._shown: tuple[object, ...] | None = None  # what the tree shows, once applied
 
     @property
     def dev_root(self) -> Path:
@@ -49,6 +50,19 @@ class SysfsTree:
     def apply(self, node: NodeSpec) -> None:
         """Bring the tree to `node`: states change in place, vanished devices go, new
         ones appear. Each file and link is replaced atomically once the tree exists."""
+        shown = self._what_shows(node)
+        if shown == self._shown:
+            return  # e.g. an XID or a lost GPU: NVML's business, nothing sysfs shows
+        self._shown = None  # until this apply has run to its end
+        self._build(node)
+        self._shown = shown
+
+    def _what_shows(self, node: NodeSpec) -> tuple[object, ...]:
+        """The part of a node that its files and device nodes show."""
+        nics = tuple((n.pci, n.netdev, n.rdma, n.uverbs, n.link, n.link_layer) for n in node.nics)
+        return (_functions(node), nics, frozenset(self.dev.wanted(node)))
+
+    def _build(self, node: NodeSpec) -> None:
         files = _Files(self._staging, fresh=not self.sys.exists())
         files.mkdir(self._staging)
         functions = _functions(node)

@@ -173,3 +173,20 @@ def test_a_tree_built_afresh_equals_one_brought_there_by_edits(tmp_path: Path) -
     fresh = SysfsTree(tmp_path / "fresh")
     fresh.apply(node)
     assert _snapshot(edited.root) == _snapshot(fresh.root)
+
+
+def test_edits_sysfs_does_not_show_leave_the_tree_and_later_edits_still_apply(
+    tmp_path: Path,
+) -> None:
+    node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
+    before = _snapshot(tree.root)
+    lost = dataclasses.replace(node.gpus[0], xids=(79,), lost=True, model="other")
+    faulty = dataclasses.replace(node, gpus=(lost, *node.gpus[1:]))
+    tree.apply(faulty)
+    assert _snapshot(tree.root) == before
+    nic = node.nics[2]
+    down = dataclasses.replace(nic, link="down")
+    tree.apply(dataclasses.replace(faulty, nics=(*node.nics[:2], down, *node.nics[3:])))
+    assert sysfs.port_state(str(nic.rdma), 1) == "DOWN"
+    tree.apply(node)
+    assert _snapshot(tree.root) == before
