@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.core import pairing
-from agents.core.pairing import PairCost, PairView
+from agents.core.pairing import PairView, Partners
+from agents.core.subsets import PairCosts
 from agents.core.topology import Topology
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ _OTHER = {GPU: NIC, NIC: GPU}
 
 @dataclass
 class _Kind:
-    partners: Mapping[str, frozenset[str]]
+    partners: Partners
     free: set[str] = field(default_factory=set)
     container: set[str] = field(default_factory=set)
 
@@ -59,8 +60,8 @@ class PairingLedger:
         sync: Callable[[], None] = lambda: None,
     ) -> None:
         self._kinds = {
-            GPU: _Kind(gpu_partners, set(gpu_partners)),
-            NIC: _Kind(nic_partners, set(nic_partners)),
+            GPU: _Kind(Partners(gpu_partners), set(gpu_partners)),
+            NIC: _Kind(Partners(nic_partners), set(nic_partners)),
         }
         self._sync = sync  # drains pending checkpoint events before a decision
         self.checkpoint_seen = False
@@ -102,7 +103,7 @@ class PairingLedger:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        pair_cost: PairCost | None,
+        costs: PairCosts | None,
     ) -> list[str]:
         self._sync()
         this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
@@ -114,7 +115,7 @@ class PairingLedger:
             container_other=frozenset(other.container),
             this_free=frozenset(this.free),
         )
-        return pairing.prefer(available, must_include, size, view, pair_cost)
+        return pairing.prefer(available, must_include, size, view, costs)
 
     def allocated(self, kind: str, ids: Sequence[str]) -> None:
         self._sync()
@@ -146,9 +147,9 @@ class PairingSide:
         available: Sequence[str],
         must_include: Sequence[str],
         size: int,
-        pair_cost: PairCost | None = None,
+        costs: PairCosts | None = None,
     ) -> list[str]:
-        return self.ledger.prefer(self.kind, available, must_include, size, pair_cost)
+        return self.ledger.prefer(self.kind, available, must_include, size, costs)
 
     def allocated(self, ids: Sequence[str]) -> None:
         self.ledger.allocated(self.kind, ids)

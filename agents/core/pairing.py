@@ -6,21 +6,40 @@ A device's partners are the other-kind devices at its smallest PCIe distance.
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from agents.core.gpu_choice import cheapest_subset
+from agents.core.pair_score import Context, Kind, Score, Scoring, State
+from agents.core.subsets import PairCosts, Search, cheapest
 
-# Pair costs of more candidate sets than this are not summed one by one (keeps p99 < 2 ms).
-EXACT_LIMIT = 200
-# Beyond this many ways to split a request over the partner classes, choose greedily.
-SPLIT_LIMIT = 3000
-PairCost = Callable[[str, str], int]  # lower is better; ranks sets of equal pairing score
-_Class = tuple[int, bool]  # (partner bitmask, free now): devices alike to the pairing score
+
+class Partners(Mapping[str, frozenset[str]]):
+    """Each device's partners, also as bitmasks over the other kind; built once per
+    resource, as the topology does not change."""
+
+    def __init__(self, partners: Mapping[str, frozenset[str]]) -> None:
+        self._sets = dict(partners)
+        others = sorted(frozenset().union(*self._sets.values()))
+        self._bit = {o: 1 << n for n, o in enumerate(others)}
+        self.masks = {d: self.mask(p) for d, p in self._sets.items()}
+
+    def mask(self, others: Iterable[str]) -> int:
+        """The bits of those of `others` that are someone's partners."""
+        m = 0
+        for o in others:
+            m |= self._bit.get(o, 0)
+        return m
+
+    def __getitem__(self, device: str) -> frozenset[str]:
+        return self._sets[device]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sets)
+
+    def __len__(self) -> int:
+        return len(self._sets)
 
 
 @dataclass(frozen=True)
@@ -33,62 +52,29 @@ class PairView:
     this_free: frozenset[str]  # this-kind devices free now (the kubelet's available list)
 
 
-class _Scorer:
-    """The pairing score of a choice from how many devices of each class it takes.
+def score(chosen: Sequence[str], view: PairView) -> Score:
+    """Lower is better: pairing with the container first, then keeping pairs whole.
 
-    Other-kind devices are bits; a device's class is its partner mask and whether it is
-    free, which is all the score looks at, so devices of one class are interchangeable.
+    The definition, one set at a time; `prefer` finds the best set without scoring each.
     """
-
-    def __init__(self, view: PairView) -> None:
-        others = sorted(frozenset().union(*view.partners.values(), view.other_free))
-        bit = {o: 1 << i for i, o in enumerate(others)}
-        self._bit = bit
-        self.partner_mask = {d: self.mask(p) for d, p in view.partners.items()}
-        self.other_free = self.mask(view.other_free)
-        self.container = self.mask(view.container_other)
-        self.free_masks = Counter(self.partner_mask.get(d, 0) for d in view.this_free)
-        self.this_free = view.this_free
-
-    def mask(self, ids: frozenset[str]) -> int:
-        m = 0
-        for i in ids:
-            m |= self._bit.get(i, 0)
-        return m
-
-    def of(self, device: str) -> _Class:
-        return (self.partner_mask.get(device, 0), device in self.this_free)
-
-    def score(self, taken: Sequence[tuple[_Class, int]]) -> tuple[int, ...]:
-        """Lower is better: pairing with the container first, then keeping pairs whole."""
-        touched = 0
-        for (m, _), _ in taken:
-            touched |= m
-        if self.container:
-            paired = sum(c for (m, _), c in taken if m & self.container)
-            head: tuple[int, ...] = (-paired, -(self.container & touched).bit_count())
-        else:
-            paired = groups = reach = 0
-            seen: set[int] = set()
-            for (m, _), c in taken:
-                f = m & self.other_free
-                if f:
-                    paired += c
-                    reach |= f
-                    if f not in seen:
-                        seen.add(f)
-                        groups += 1
-            head = (-paired, groups, -reach.bit_count())
-        # Free devices outside the choice that share partners with it: pairs broken up.
-        near = sum(c for m, c in self.free_masks.items() if m & touched)
-        mine = sum(c for (m, free), c in taken if free and m & touched)
-        return (*head, near - mine)
-
-
-def score(chosen: tuple[str, ...], view: PairView) -> tuple[int, ...]:
-    """Lower is better: pairing with the container first, then keeping pairs whole."""
-    scorer = _Scorer(view)
-    return scorer.score(list(Counter(scorer.of(d) for d in chosen).items()))
+    partners = [view.partners.get(d, frozenset()) for d in chosen]
+    if view.container_other:
+        paired = sum(1 for p in partners if p & view.container_other)
+        covered = sum(1 for o in view.container_other if any(o in p for p in partners))
+        head: tuple[int, ...] = (-paired, -covered)
+    else:
+        with_free = [p & view.other_free for p in partners]
+        paired = sum(1 for p in with_free if p)
+        groups = len({p for p in with_free if p})
+        # More free partners in all leaves the other resource more ways to pair.
+        reach = len(frozenset().union(*with_free)) if with_free else 0
+        head = (-paired, groups, -reach)
+    # Free devices outside the choice that share partners with it: pairs broken up.
+    touched = frozenset().union(*partners) if partners else frozenset()
+    left = sum(
+        1 for d in view.this_free if d not in chosen and view.partners.get(d, frozenset()) & touched
+    )
+    return (*head, left)
 
 
 def prefer(
@@ -96,187 +82,180 @@ def prefer(
     must_include: Sequence[str],
     size: int,
     view: PairView,
-    pair_cost: PairCost | None = None,
+    costs: PairCosts | None = None,
 ) -> list[str]:
-    """The `size` devices that pair best; among those, the smallest sum of `pair_cost`
-    over their pairs, then the smallest sorted IDs."""
+    """The `size` devices with the best `score`; among those, the smallest sum of pair
+    `costs` (which covers every available device), then the smallest sorted IDs."""
     fixed = sorted(must_include)
-    need = size - len(fixed)
-    if need <= 0:
-        return fixed
-    scorer = _Scorer(view)
-    classes: dict[_Class, list[str]] = {}
-    for d in sorted(set(available) - set(fixed)):
-        classes.setdefault(scorer.of(d), []).append(d)
-    keys = sorted(classes)
-    base = Counter(scorer.of(d) for d in fixed)
-    splits = _best_splits(scorer, base, [(k, len(classes[k])) for k in keys], need)
-    if splits is None:
-        return _greedy(
-            fixed, classes=classes, need=need, scorer=scorer, base=base, pair_cost=pair_cost
-        )
-    cost = pair_cost or _no_cost
-    used = [j for j in range(len(keys)) if any(split[j] for split in splits)]
-    if len(splits) > 1 and len(splits) == _count_splits(
-        [len(classes[keys[j]]) for j in used], need
-    ):
-        # Every way to split the request over these classes ties: any set from them will do.
-        pool = [d for j in used for d in classes[keys[j]]]
-        return sorted(cheapest_subset(fixed, pool, need, cost)[1])
-    picks = [
-        _cheapest(fixed, [(classes[k], c) for k, c in zip(keys, split, strict=True)], cost)
-        for split in splits
-    ]
-    return min(picks)[1]
-
-
-def _count_splits(caps: list[int], need: int) -> int:
-    """How many ways there are to take `need` devices from classes of these sizes."""
-    ways = [1] + [0] * need
-    for cap in caps:
-        ways = [sum(ways[n - c] for c in range(min(cap, n) + 1)) for n in range(need + 1)]
-    return ways[need]
-
-
-def _best_splits(
-    scorer: _Scorer, base: Counter[_Class], caps: list[tuple[_Class, int]], need: int
-) -> list[tuple[int, ...]] | None:
-    """The ways to take `need` devices from the classes that score best; None if there
-    are more than SPLIT_LIMIT ways to try.
-
-    Depth first over the classes with the score's sums carried along (what
-    `_Scorer.score` computes at once), so that each way costs a few operations.
-    """
-    best: tuple[int, ...] | None = None
-    found: list[tuple[int, ...]] = []
-    tried = 0
-    room = [sum(c for _, c in caps[i:]) for i in range(len(caps) + 1)]
-    cont, ofree = scorer.container, scorer.other_free
-    start = _State()
-    for key, c in base.items():
-        start = start.add(key, c, cont, ofree)
-    stack: list[tuple[int, int, tuple[int, ...], _State]] = [(0, need, (), start)]
-    while stack:
-        i, left, split, state = stack.pop()
-        if i == len(caps):
-            tried += 1
-            if tried > SPLIT_LIMIT:
-                return None
-            s = state.score(scorer)
-            if best is None or s < best:
-                best, found = s, [split]
-            elif s == best:
-                found.append(split)
-            continue
-        key, cap = caps[i]
-        for c in range(max(0, left - room[i + 1]), min(cap, left) + 1):
-            nxt = state.add(key, c, cont, ofree) if c else state
-            stack.append((i + 1, left - c, (*split, c), nxt))
-    return found
-
-
-class _State(NamedTuple):
-    """The score's sums over the classes taken so far."""
-
-    touched: int = 0
-    paired: int = 0  # with a partner in the container, or else with a free partner
-    reach: int = 0
-    groups: frozenset[int] = frozenset()
-    mine: int = 0  # free devices taken that have partners
-
-    def add(self, key: _Class, c: int, cont: int, ofree: int) -> _State:
-        m, free = key
-        f = m & ofree
-        hit = m & cont if cont else f
-        return _State(
-            self.touched | m,
-            self.paired + c if hit else self.paired,
-            self.reach | f,
-            self.groups | {f} if f and not cont else self.groups,
-            self.mine + c if free and m else self.mine,
-        )
-
-    def score(self, scorer: _Scorer) -> tuple[int, ...]:
-        t = self.touched
-        near = sum(c for m, c in scorer.free_masks.items() if m & t)
-        if scorer.container:
-            head: tuple[int, ...] = (-self.paired, -(scorer.container & t).bit_count())
-        else:
-            head = (-self.paired, len(self.groups), -self.reach.bit_count())
-        return (*head, near - self.mine)
-
-
-def _no_cost(a: str, b: str) -> int:
-    return 0
-
-
-def _cheapest(
-    fixed: list[str], parts: list[tuple[list[str], int]], cost: PairCost
-) -> tuple[int, list[str]]:
-    """(pair cost sum, sorted IDs) of the cheapest set taking `count` of each part."""
-    forced = list(fixed)
-    partial: list[tuple[list[str], int]] = []
-    for ids, count in parts:
-        if count == len(ids):
-            forced += ids
-        elif count:
-            partial.append((ids, count))
-    if not partial:
-        return _set_cost(forced, cost), sorted(forced)
-    if len(partial) == 1:
-        ids, count = partial[0]
-        total, chosen = cheapest_subset(forced, ids, count, cost)
-        return total, sorted(chosen)
-    ways = math.prod(math.comb(len(ids), c) for ids, c in partial)
-    if ways > EXACT_LIMIT:
-        return _greedy_parts(forced, partial, cost)
-    combos = itertools.product(*(itertools.combinations(ids, c) for ids, c in partial))
-    return min(
-        (_set_cost(chosen, cost), sorted(chosen))
-        for chosen in ([*forced, *itertools.chain.from_iterable(combo)] for combo in combos)
+    pool = sorted(set(available) - set(fixed))
+    want = size - len(fixed)
+    if want <= 0 or want >= len(pool):
+        return sorted([*fixed, *pool[: max(want, 0)]])
+    partners = view.partners if isinstance(view.partners, Partners) else Partners(view.partners)
+    masks, free = partners.masks, view.this_free
+    context = Context(
+        fixed=tuple((masks.get(d, 0), d in free) for d in fixed),
+        container=partners.mask(view.container_other) if view.container_other else None,
+        other_free=partners.mask(view.other_free),
+        free_masks=Counter(masks.get(d, 0) for d in free),
     )
+    by_kind: dict[Kind, list[str]] = {}
+    for d in pool:
+        by_kind.setdefault((masks.get(d, 0), d in free), []).append(d)
+    costs = costs or PairCosts.free(pool + fixed)
+    alike = _search_order(by_kind, fixed, costs, context)
+    return sorted([*fixed, *_choose(alike, fixed, want, costs, context)])
 
 
-def _set_cost(ids: Sequence[str], cost: PairCost) -> int:
-    return sum(cost(a, b) for a, b in itertools.combinations(ids, 2))
-
-
-def _greedy_parts(
-    forced: list[str], partial: list[tuple[list[str], int]], cost: PairCost
-) -> tuple[int, list[str]]:
-    """One device at a time, the cheapest next to those chosen, within each part's quota."""
-    chosen = list(forced)
-    quota = {i: c for i, (_, c) in enumerate(partial)}
-    left = [(d, i) for i, (ids, _) in enumerate(partial) for d in ids]
-    while any(quota.values()):
-        d, i = min(
-            ((d, i) for d, i in left if quota[i]),
-            key=lambda p: (sum(cost(p[0], c) for c in chosen), p[0]),
-        )
-        chosen.append(d)
-        quota[i] -= 1
-        left.remove((d, i))
-    return _set_cost(chosen, cost), sorted(chosen)
-
-
-def _greedy(
-    fixed: list[str],
-    *,
-    classes: dict[_Class, list[str]],
-    need: int,
-    scorer: _Scorer,
-    base: Counter[_Class],
-    pair_cost: PairCost | None,
+def _choose(
+    alike: dict[Kind, list[str]], fixed: list[str], want: int, costs: PairCosts, context: Context
 ) -> list[str]:
-    """Too many ways to split the request: add the best next device, one at a time."""
-    cost = pair_cost or _no_cost
-    chosen = list(fixed)
-    taken = Counter(base)
-    left = [(d, k) for k, ids in classes.items() for d in ids]
-    for _ in range(need):
-        scores = {k: scorer.score(list((taken + Counter({k: 1})).items())) for _, k in left}
-        pick = min(left, key=lambda p: (scores[p[1]], sum(cost(p[0], c) for c in chosen), p[0]))
-        left.remove(pick)
-        chosen.append(pick[0])
-        taken[pick[1]] += 1
-    return sorted(chosen)
+    """Two searches: the best score over the classes of devices alike to it, then the
+    cheapest set with that score over classes alike to both the score and the costs.
+    Where the bounds prove that every choice left scores the same, costs alone decide."""
+    coarse = Scoring(list(alike), [len(c) for c in alike.values()], context)
+    if coarse.settled(coarse.start, 0, want) is not None:
+        return cheapest(fixed, [d for c in alike.values() for d in c], want, costs)
+    best = best_score(coarse, want)
+    finer: dict[tuple[Kind, int], list[str]] = {}
+    for n, (kind, devices) in enumerate(alike.items()):
+        if best.usable is None or n in best.usable:
+            for d in devices:
+                finer.setdefault((kind, costs.twin(d)), []).append(d)
+    fine = sorted(((kind, devices) for (kind, _), devices in finer.items()), key=lambda f: f[1][0])
+    classes = [devices for _, devices in fine]
+    scoring = Scoring([kind for kind, _ in fine], [len(c) for c in classes], context)
+    if scoring.settled(scoring.start, 0, want) is not None:
+        return cheapest(fixed, [d for c in classes for d in c], want, costs)
+    # One set with the best score, to start the second search with a bound.
+    picked = {d for c, n in zip(alike.values(), best.counts, strict=True) for d in c[:n]}
+    search = _ScoreFilter(fixed, classes, want, costs, scoring=scoring, target=best.score)
+    chosen = search.run([sum(d in picked for d in c) for c in classes])
+    assert chosen is not None  # the first search found a set with the target score
+    return chosen
+
+
+def _search_order(
+    by_kind: dict[Kind, list[str]], fixed: list[str], costs: PairCosts, context: Context
+) -> dict[Kind, list[str]]:
+    """Pairing classes first, the largest first: good scores found early cut the search
+    most. Then those cheapest next to the fixed devices, twins together: the set found
+    first is then a cheap one, a tight bound for the second search."""
+    pairs = context.other_free if context.container is None else context.container
+    near_fixed: dict[int, int] = {}
+    for devices in by_kind.values():
+        twin = costs.twin(devices[0])
+        if twin not in near_fixed:
+            near_fixed[twin] = sum(costs.cost(devices[0], f) for f in fixed)
+
+    def rank(item: tuple[Kind, list[str]]) -> tuple[bool, int, int, int]:
+        (mask, _), devices = item
+        twin = costs.twin(devices[0])
+        return (not mask & pairs, -len(devices), near_fixed[twin], twin)
+
+    return dict(sorted(by_kind.items(), key=rank))
+
+
+class _ScoreFilter(Search[State]):
+    """The cheapest set among those whose score is `target` (the best there is): a
+    branch is cut as soon as one score component can no longer come out equal."""
+
+    def __init__(
+        self,
+        fixed: Sequence[str],
+        classes: Sequence[Sequence[str]],
+        want: int,
+        costs: PairCosts,
+        *,
+        scoring: Scoring,
+        target: Score,
+    ) -> None:
+        super().__init__(fixed, classes, want, costs, scoring.start)
+        self.scoring, self.target = scoring, target
+
+    def step(self, state: State, i: int, take: int) -> State:
+        return self.scoring.step(state, i, take)
+
+    def feasible(self, state: State, i: int, left: int) -> bool:
+        return self.scoring.can_reach(state, i, left, self.target)
+
+    def accept(self, state: State) -> bool:
+        return self.scoring.value(state) == self.target
+
+
+class Best(NamedTuple):
+    score: Score
+    counts: list[int]  # one choice with that score
+    usable: set[int] | None  # classes some choice with that score draws on; None: any may
+
+
+def best_score(scoring: Scoring, want: int, budget: int = 400) -> Best:
+    """The lowest score of `want` devices from the classes, one choice that has it, and
+    which classes the choices that have it draw on.
+
+    Depth first, the most of each class first. A branch whose bounds cannot reach the
+    best so far is cut; a branch whose bounds leave a single score is counted whole.
+    Past `budget` branches, ties are cut too and every class counts as usable.
+    """
+    k = len(scoring.caps)
+    best: Best | None = None
+    stack: list[tuple[int, int, State, list[int]]] = [(0, want, scoring.start, [])]
+    nodes = 0
+    while stack:
+        i, left, state, counts = stack.pop()
+        nodes += 1
+        if left == 0:
+            best = _better(best, scoring.value(state), counts + [0] * (k - i), k)
+            continue
+        if scoring.room[i] < left:
+            continue
+        cut, lows = _judge(scoring.spans(state, i, left), best, nodes > budget)
+        if cut:
+            continue
+        if lows is not None:
+            # Every way on from here scores `lows`: one of them stands for all.
+            rest, fill = [], left
+            for cap in scoring.caps[i:]:
+                rest.append(min(cap, fill))
+                fill -= rest[-1]
+            best = _better(best, tuple(lows), counts + rest, k, ahead=range(i, k))
+            continue
+        low = max(0, left - scoring.room[i + 1])
+        # Pushed smallest first, so the most of class i is tried first.
+        for take in range(low, min(scoring.caps[i], left) + 1):
+            nxt = scoring.step(state, i, take) if take else state
+            stack.append((i + 1, left - take, nxt, [*counts, take]))
+    assert best is not None
+    return best if nodes <= budget else best._replace(usable=None)
+
+
+def _judge(
+    spans: Iterator[tuple[int, int]], best: Best | None, over_budget: bool
+) -> tuple[bool, list[int] | None]:
+    """Whether to cut a branch (it cannot reach `best`; or only tie it, `over_budget`),
+    and the one score all its ways have, if the bounds prove there is one. Stops
+    reading the bounds as soon as neither can follow."""
+    tied, flat, lows = best is not None, True, []
+    for n, (lo, hi) in enumerate(spans):
+        if tied and best is not None:
+            if lo > best.score[n]:
+                return True, None
+            tied = lo == best.score[n]
+        flat = flat and lo == hi
+        if not (tied or flat):
+            return False, None
+        lows.append(lo)
+    return tied and over_budget, lows if flat else None
+
+
+def _better(
+    best: Best | None, score: Score, counts: list[int], k: int, ahead: range = range(0)
+) -> Best:
+    """`best` updated with a choice (`counts`) and, if `ahead`, all ways that vary the
+    counts of those classes; they all score `score`."""
+    used = {j for j in range(k) if counts[j]} | set(ahead)
+    if best is None or score < best.score:
+        return Best(score, counts, used)
+    if score == best.score and best.usable is not None:
+        best.usable.update(used)
+    return best

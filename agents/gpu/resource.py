@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from agents.core import gpu_choice
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.subsets import PairCosts
 from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
 from agents.gpu.plan import ResourcePlan, Unit
@@ -48,7 +50,8 @@ class GpuResource:
         self._pcie = pcie  # on physical GPU UUIDs
         self._inventory = Inventory(Device(u.id, True, u.numa) for u in plan.units)
         self.pairing: PairingSide | None = None  # set when NICs are paired with these GPUs
-        self._pair_costs: dict[tuple[str, str], int] | None = None  # units are fixed
+        self._pair_costs: PairCosts | None = None
+        self._replicas: _Replicas | None = None
 
     @property
     def whole_gpus(self) -> bool:
@@ -106,49 +109,40 @@ class GpuResource:
         if not self.whole_gpus:
             return self._pack_mig(available, must_include, size)
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._pair_cost)
-        return gpu_choice.choose_gpus(
-            available,
-            must_include,
-            size,
-            nvlinks={
-                frozenset((a, b)): self._nvlinks.get(
-                    frozenset((self._units[a].gpu_uuid, self._units[b].gpu_uuid)), 0
-                )
-                for a in available
-                for b in available
-                if a < b
-            },
-            pcie=lambda a, b: self._pcie(self._units[a].gpu_uuid, self._units[b].gpu_uuid),
-        )
+            return self.pairing.prefer(available, must_include, size, self._costs())
+        return gpu_choice.choose(available, must_include, size, self._costs())
 
-    def _pair_cost(self, a: str, b: str) -> int:
-        """NVLinks between two GPUs, then their PCIe distance, as one cost: lower is better.
-
-        One NVLink outweighs the PCIe distances of every pair of a set of all the GPUs,
-        so summed over a set's pairs the two rank lexicographically."""
+    def _costs(self) -> PairCosts:
+        """NVLinks, then PCIe distance, as one cost per pair of units (lower is better);
+        built on first use, as the units never change."""
         if self._pair_costs is None:
-            self._pair_costs = self._all_pair_costs()
-        return self._pair_costs[a, b]
-
-    def _all_pair_costs(self) -> dict[tuple[str, str], int]:
-        units = list(self._units.values())
-        nvlink_weight = int(Distance.SYS) * len(units) * (len(units) - 1) // 2 + 1
-        costs: dict[tuple[str, str], int] = {}
-        for a in units:
-            for b in units:
-                if a.id != b.id:
-                    links = self._nvlinks.get(frozenset((a.gpu_uuid, b.gpu_uuid)), 0)
-                    pcie = int(self._pcie(a.gpu_uuid, b.gpu_uuid))
-                    costs[a.id, b.id] = pcie - links * nvlink_weight
-        return costs
+            gpu = {u.id: u.gpu_uuid for u in self._units.values()}
+            nvlinks = {
+                frozenset((a, b)): self._nvlinks.get(frozenset((gpu[a], gpu[b])), 0)
+                for a in gpu
+                for b in gpu
+                if a < b
+            }
+            self._pair_costs = gpu_choice.gpu_pair_costs(
+                gpu, nvlinks, lambda a, b: self._pcie(gpu[a], gpu[b])
+            )
+        return self._pair_costs
 
     def _spread(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
-        total = Counter(u.gpu_uuid for u in self._units.values())
-        free = Counter(self._units[i].gpu_uuid for i in available)
-        in_use = {gpu: total[gpu] - free[gpu] for gpu in total}
-        return gpu_choice.spread_replicas(
-            available, must, size, gpu_of=lambda i: self._units[i].gpu_uuid, in_use=in_use
+        if self._replicas is None:
+            self._replicas = _Replicas(self._units.values())
+        replicas = self._replicas
+        gpu_of = replicas.gpu_of
+        free = Counter(map(gpu_of.__getitem__, available))
+        in_use = {gpu: len(order) - free[gpu] for gpu, order in replicas.order.items()}
+        offered = set(available).difference(must)
+        want = size - len(must)
+        free_by_gpu = {
+            gpu: list(islice((r for r in order if r in offered), want))
+            for gpu, order in replicas.order.items()
+        }
+        return gpu_choice.spread_over(
+            free_by_gpu, must, size, gpu_of=gpu_of.__getitem__, in_use=in_use
         )
 
     def _pack_mig(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
@@ -159,3 +153,13 @@ class GpuResource:
             key=lambda i: (free[self._units[i].gpu_uuid], self._units[i].gpu_uuid, i),
         )
         return [*must, *rest[: size - len(must)]]
+
+
+class _Replicas:
+    """Which GPU each replica is on, and each GPU's replicas by number (fixed per plan)."""
+
+    def __init__(self, units: Iterable[Unit]) -> None:
+        self.gpu_of = {u.id: u.gpu_uuid for u in units}
+        self.order: dict[str, list[str]] = {}
+        for replica in sorted(self.gpu_of, key=gpu_choice.replica_order):
+            self.order.setdefault(self.gpu_of[replica], []).append(replica)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.subsets import PairCosts
 from agents.pairing import PairingSide
 from agents.plugin.resource import Inventory
 from agents.roce.discovery import Nic
@@ -21,6 +22,7 @@ class RoceResource:
         self.nics: dict[str, Nic] = {}
         self._inventory = Inventory()
         self.pairing: PairingSide | None = None  # set when these NICs are paired with GPUs
+        self._pair_costs: PairCosts | None = None
         self.set_nics(nics, {n.pci: True for n in nics})
 
     @property
@@ -56,7 +58,7 @@ class RoceResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._cross_numa)
+            return self.pairing.prefer(available, must_include, size, self._costs())
         # Without a GPU partner: stay on the NUMA node of what is already chosen.
         numas = {self.nics[i].numa for i in must_include}
         rest = sorted(
@@ -65,6 +67,10 @@ class RoceResource:
         )
         return [*must_include, *rest[: size - len(must_include)]]
 
-    def _cross_numa(self, a: str, b: str) -> int:
-        """Pairs across NUMA nodes, fewest first: the tie-break once pairing has had its say."""
-        return int(self.nics[a].numa != self.nics[b].numa)
+    def _costs(self) -> PairCosts:
+        """Pairs across NUMA nodes, fewest first: the tie-break once pairing has had its say.
+        Built again only when the set of NICs changes."""
+        if self._pair_costs is None or set(self._pair_costs.index) != set(self.nics):
+            numa = {pci: nic.numa for pci, nic in self.nics.items()}
+            self._pair_costs = PairCosts.of(list(numa), lambda a, b: int(numa[a] != numa[b]))
+        return self._pair_costs
