@@ -8,7 +8,8 @@ one container. Without that signal, a resource allocated twice starts a new cont
 
 The kubelet never says when a pod is gone either. The ledger keeps what each container
 got; when a device of it is offered as available again, that container's pod has ended,
-so its devices of the other kind are free too.
+so its devices of the other kind are free too. A container whose admission failed half
+way gets no rename; its devices offered again tell that it is gone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Kind:
     partners: Partners
     free: set[str] = field(default_factory=set)
     container: set[str] = field(default_factory=set)
+    allocated_at: int = 0  # the Allocate (counted across both kinds) that filled `container`
 
 
 @dataclass
@@ -68,6 +70,7 @@ class PairingLedger:
         self._fallback_logged = False
         self._held: list[_Held] = []  # earlier containers not yet known to be gone
         self.containers = 0
+        self._allocations = 0
 
     def container_done(self) -> None:
         """The kubelet renamed its checkpoint: the current container is complete."""
@@ -107,8 +110,10 @@ class PairingLedger:
     ) -> list[str]:
         self._sync()
         this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
-        self._released(kind, set(available) - set(must_include))
-        this.free = set(available) - set(must_include)
+        offered = set(available) - set(must_include)
+        self._abandoned(kind, offered)
+        self._released(kind, offered)
+        this.free = offered
         view = PairView(
             partners=this.partners,
             other_free=frozenset(other.free),
@@ -117,9 +122,23 @@ class PairingLedger:
         )
         return pairing.prefer(available, must_include, size, view, costs)
 
+    def _abandoned(self, kind: str, offered: set[str]) -> None:
+        """The kubelet offers devices of the current container again: that container's
+        admission failed after they were allocated (it renames nothing then), so they are
+        free, as are its devices of the other kind allocated before them. Those allocated
+        after them belong to the container being admitted now."""
+        this, other = self._kinds[kind], self._kinds[_OTHER[kind]]
+        if not this.container & offered:
+            return
+        log.info("pairing_container_abandoned", kind=kind, devices=sorted(this.container))
+        for dropped in (this, other) if other.allocated_at < this.allocated_at else (this,):
+            dropped.free.update(dropped.container)
+            dropped.container.clear()
+
     def allocated(self, kind: str, ids: Sequence[str]) -> None:
         self._sync()
         this = self._kinds[kind]
+        self._allocations += 1
         if this.container:
             # Same resource twice in one container cannot happen: a boundary was missed.
             if not self.checkpoint_seen and not self._fallback_logged:
@@ -132,6 +151,7 @@ class PairingLedger:
             self._end_container()
         self._released(kind, set(ids))
         this.container.update(ids)
+        this.allocated_at = self._allocations
         this.free.difference_update(ids)
 
 

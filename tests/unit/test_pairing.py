@@ -228,6 +228,29 @@ def test_ledger_without_checkpoint_signal_logs_once_and_still_pairs() -> None:
     assert warnings[0]["log_level"] == "warning"
 
 
+def test_ledger_forgets_a_container_whose_admission_failed_half_way() -> None:
+    book = ledger()
+    gpu, nic = book.side(GPU), book.side(NIC)
+    gpu.allocated(["g2"])
+    nic.allocated(["n1"])
+    book.container_done()  # B holds g2 and n1 throughout
+    nic.prefer(["n0", "n2", "n3"], [], 1)
+    nic.allocated(["n0"])  # F got n0, then its GPUs did not fit: no rename
+    gpu.prefer(["g0", "g1", "g3"], [], 1)
+    gpu.allocated(["g3"])  # C, GPU first
+    assert nic.prefer(["n0", "n2", "n3"], [], 1) == ["n3"]  # n0 offered again: F is gone
+    nic.allocated(["n3"])
+    book.container_done()  # C holds g3 and n3, and nothing of F's
+    nic.prefer(["n0", "n2"], [], 1)
+    nic.allocated(["n0"])
+    book.container_done()  # E, NIC only
+    gpu.prefer(["g0", "g1"], [], 1)
+    gpu.allocated(["g0"])
+    book.container_done()  # G, GPU only
+    # C ended: its NIC n3 is offered, so its GPU g3 is free too and n3 pairs; n2's g2 is B's.
+    assert nic.prefer(["n2", "n3"], [], 1) == ["n3"]
+
+
 def _brute_force(
     available: list[str], must: list[str], size: int, pair_view: PairView, costs: PairCosts
 ) -> list[str]:
