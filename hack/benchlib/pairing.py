@@ -8,7 +8,7 @@ import math
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from agents.config import Config
@@ -22,14 +22,9 @@ from hack.benchlib.figures import Figure, at_least
 
 
 class Judge:
-    """Brute force over the topology: what "fully paired" means, and whether it was possible.
-
-    The one definition that the bench and the integration test share. `possible` is asked
-    with the devices the agent can know are free: those the kubelet offered since they
-    were freed (a device freed by a pod that held no device of the other kind is unknown
-    until its own resource is asked for again). The first resource asked is chosen
-    without the size of the second, so workloads ask for NICs in the node's ratio,
-    `nics_for(node, k)`, which is what a fully paired first choice has to assume.
+    """Brute force over the topology: what "fully paired" means, and whether a fully paired
+    choice existed that the agent could have known of. The one definition that the bench
+    and the integration test share.
 
     A GPU's partners are the NICs at its smallest PCIe distance. A container with GPUs G and
     NICs N is fully paired when
@@ -37,6 +32,17 @@ class Judge:
       (b) the number of GPUs in G with a partner in N is min(|G|, reach(|N|)), where
           reach(m) is the most GPUs that any m NICs of this node are partners of: every GPU
           has a partner in N unless the NIC count alone makes that impossible.
+
+    For a container that got k GPUs and m NICs, a fully paired choice existed when some k
+    GPUs and m NICs that the agent knew to be free are fully paired (`possible` with the
+    sets of `Knowledge.known`). The kubelet asks the container's resources one after the
+    other, so the agent makes the first choice knowing of the other resource only what it
+    learned before: a device freed by a pod that held nothing of the other kind stays
+    unknown until its own resource is asked for again. Nor does it know the second size
+    yet, so workloads ask for NICs in the node's ratio (`nics_for`), which is what a fully
+    paired first choice has to assume; and they refuse a pod that does not fit before
+    admission, as the scheduler does, since a pod failed half way leaves no checkpoint
+    rename and the agent could not tell its containers apart.
     """
 
     def __init__(self, topology: Topology) -> None:
@@ -77,12 +83,36 @@ def nics_for(node: str, k: int) -> int:
     return k if node == "h100-8gpu-8nic" else math.ceil(k / 2)
 
 
+class Knowledge:
+    """Which free devices the agent can know of when it makes a container's first choice."""
+
+    def __init__(self) -> None:
+        # Freed by a pod that held no device of the other kind, not offered since: nothing
+        # the kubelet sent tells the agent that they are free.
+        self.unseen: dict[str, set[str]] = {GPU: set(), NIC: set()}
+
+    def released(self, held: Mapping[str, Iterable[str]]) -> None:
+        """A pod holding these devices (by resource) is gone."""
+        if len(held) == 1:
+            for resource, ids in held.items():
+                self.unseen[resource].update(ids)
+
+    def known(self, free: Mapping[str, set[str]], order: Sequence[str]) -> dict[str, set[str]]:
+        """Of the devices `free` before a container asked for `order`, those known when
+        the first was chosen: all of the first resource (the kubelet lists them)."""
+        return {r: ids - self.unseen[r] if r != order[0] else set(ids) for r, ids in free.items()}
+
+    def offered(self, order: Iterable[str]) -> None:
+        """The kubelet asked for these resources, offering every free device of them."""
+        for resource in order:
+            self.unseen[resource].clear()
+
+
 class Workload:
     """Random pods of GPU+NIC, GPU-only and NIC-only containers; some leave again.
 
     A pod that does not fit is refused before the device manager runs, as the scheduler
-    and the kubelet's resource-fit check do: a pod failed half way through admission
-    leaves no checkpoint rename, so the agent could not tell its containers apart.
+    does (see `Judge`).
     """
 
     def __init__(self, kubelet: Kubelet, topology: Topology, node: str, seed: int) -> None:
@@ -91,8 +121,7 @@ class Workload:
         self.node = node
         self.rng = random.Random(seed)
         self.live: list[str] = []
-        # Freed by a pod without the other kind and not offered since: unknown to the agent.
-        self.unseen: dict[str, set[str]] = {GPU: set(), NIC: set()}
+        self.knowledge = Knowledge()
         self.pairable = 0
         self.paired = 0
 
@@ -113,10 +142,7 @@ class Workload:
     async def _release(self) -> None:
         pod = self.kubelet.pod(self.live.pop(self.rng.randrange(len(self.live))))
         assert pod is not None
-        held = pod.containers["c"].devices
-        if len(held) == 1:
-            for resource, ids in held.items():
-                self.unseen[resource].update(ids)
+        self.knowledge.released(pod.containers["c"].devices)
         await self.kubelet.release(pod.pod)
 
     async def step(self, n: int) -> None:
@@ -130,16 +156,12 @@ class Workload:
         got = (await self.kubelet.admit(Pod(name, [Container("c", limits)]))).containers["c"]
         self.live.append(name)
         if len(got.order) == 2:
-            # The resource asked first is chosen before the agent sees the other's free list.
-            known = {
-                r: ids - self.unseen[r] if r == got.order[1] else ids for r, ids in free.items()
-            }
+            known = self.knowledge.known(free, got.order)
             gpus, nics = got.devices[GPU], got.devices[NIC]
             if self.judge.possible(known[GPU], known[NIC], len(gpus), len(nics)):
                 self.pairable += 1
                 self.paired += self.judge.fully_paired(gpus, nics)
-        for resource in got.order:
-            self.unseen[resource].clear()  # the kubelet offered every free one
+        self.knowledge.offered(got.order)
 
 
 async def pairing_rate(node: str, pods: int, seed: int) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from agents.daemon import Agent, simulated_backends
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import AllocatedContainer, Container, Kubelet, Pod
-from hack.benchlib.pairing import Judge, nics_for
+from hack.benchlib.pairing import Judge, Knowledge, nics_for
 
 NIC = "rdma/roce"
 OPERATIONS = 400
@@ -94,19 +94,14 @@ async def _drive(
     kubelet: Kubelet, judge: Judge, node: str, rng: random.Random, result: Workload
 ) -> None:
     live: list[str] = []
-    # Devices freed by a pod that held no device of the other kind, not offered since:
-    # nothing the kubelet sends tells the agent that they are free.
-    unseen: dict[str, set[str]] = {GPU_RESOURCE: set(), NIC: set()}
+    knowledge = Knowledge()
     kinds, weights = zip(*MIX.items(), strict=True)
     for op in range(OPERATIONS):
         # Releases as likely as the node is full: it hovers around half used.
         if live and rng.random() < _occupancy(kubelet):
             gone = kubelet.pod(live.pop(rng.randrange(len(live))))
             assert gone is not None
-            held = gone.containers["main"].devices
-            if len(held) == 1:
-                for resource, ids in held.items():
-                    unseen[resource].update(ids)
+            knowledge.released(gone.containers["main"].devices)
             await kubelet.release(gone.pod)
             result.counts["release"] += 1
             continue
@@ -128,15 +123,14 @@ async def _drive(
         result.counts[kind] += 1
         got = allocation.containers["main"]
         if kind == "paired":
-            _judge(judge, free, unseen[got.order[1]], got, result=result, name=name)
-        for resource in got.order:
-            unseen[resource].clear()  # the kubelet offered every free one
+            _judge(judge, free, knowledge.known(free, got.order), got, result=result, name=name)
+        knowledge.offered(got.order)
 
 
 def _judge(
     judge: Judge,
     free: dict[str, set[str]],
-    unseen: set[str],
+    known: dict[str, set[str]],
     got: AllocatedContainer,
     *,
     result: Workload,
@@ -149,8 +143,6 @@ def _judge(
     result.could_pair += 1
     ok = judge.fully_paired(gpus, nics)
     result.paired += ok
-    # The resource asked first is chosen before the agent sees the other's free list.
-    known = {r: ids - unseen if r == got.order[1] else ids for r, ids in free.items()}
     if judge.possible(known[GPU_RESOURCE], known[NIC], k, m):
         result.knowable += 1
         if not ok:
