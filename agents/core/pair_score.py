@@ -31,7 +31,6 @@ class _Ahead(NamedTuple):
     gains: list[tuple[int, int]]  # (bits `covered` or `reach` counts, devices)
     gains_disjoint: bool  # no two classes share such a bit
     mine: list[tuple[int, int]]  # (partners, devices) of the classes that count as mine
-    spill: list[int]  # the most free devices left behind by drawing on 0, 1, .. classes
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,7 @@ class Scoring:
         self._group_bit = {} if self.in_container else {g: 1 << n for n, g in enumerate(sets)}
         self._near: dict[int, int] = {0: 0}
         self._ahead: dict[int, _Ahead] = {}
+        self._spill: dict[int, list[int]] = {}
         self.masks = [m for m, _ in kinds]
         self.mine = [free and m != 0 for m, free in kinds]
         self.gain = [m & target for m in self.masks]  # what `covered` or `reach` counts
@@ -132,9 +132,23 @@ class Scoring:
         # Taking more only touches more, at least the partners all classes ahead share;
         # each device taken that counts as mine is one fewer left behind.
         shared = self.near(t | self.masks_and[i]) - s.mine - left if left else behind
-        grown = self.near(t | self.masks_or[i]) - s.mine - max(0, left - self.other_room[i])
-        spilled = behind + ahead.spill[min(left, len(ahead.spill) - 1)]
-        yield (max(behind - min(left, back), shared), min(grown, spilled))
+        least = max(behind - min(left, back), shared)
+        most = self.near(t | self.masks_or[i]) - s.mine - max(0, left - self.other_room[i])
+        if most > least:
+            most = min(most, behind + self._spilled(i, left))
+        yield (least, most)
+
+    def _spilled(self, i: int, left: int) -> int:
+        """The most free devices that drawing on `left` classes from i on can leave
+        behind sharing their partners (each drawn on is taken from at least once)."""
+        spill = self._spill.get(i)
+        if spill is None:
+            each = (
+                self.near(m) - mine for m, mine in zip(self.masks[i:], self.mine[i:], strict=True)
+            )
+            spill = list(accumulate(sorted(each, reverse=True), initial=0))
+            self._spill[i] = spill
+        return spill[min(left, len(spill) - 1)]
 
     def _look_ahead(self, i: int) -> _Ahead:
         sizes: dict[int, int] = {}
@@ -142,10 +156,6 @@ class Scoring:
             if g:
                 sizes[g] = sizes.get(g, 0) + cap
         gains = [(g, cap) for g, cap in zip(self.gain[i:], self.caps[i:], strict=True) if g]
-        spill = sorted(
-            (self.near(m) - mine for m, mine in zip(self.masks[i:], self.mine[i:], strict=True)),
-            reverse=True,
-        )
         ahead = _Ahead(
             sorted(sizes.items(), key=lambda gc: -gc[1]),
             gains,
@@ -155,17 +165,9 @@ class Scoring:
                 for m, c, mine in zip(self.masks[i:], self.caps[i:], self.mine[i:], strict=True)
                 if mine
             ],
-            list(accumulate(spill, initial=0)),
         )
         self._ahead[i] = ahead
         return ahead
-
-    def cannot_beat(self, s: State, i: int, left: int, best: Score) -> bool:
-        """Whether no way to take `left` more from classes i.. scores below `best`."""
-        for (lo, _), b in zip(self.spans(s, i, left), best, strict=True):
-            if lo != b:
-                return lo > b
-        return True
 
     def can_reach(self, s: State, i: int, left: int, target: Score) -> bool:
         """Whether some way to take `left` more from classes i.. may score `target`."""
