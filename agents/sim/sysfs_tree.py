@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -63,8 +64,8 @@ class SysfsTree:
         return (_functions(node), nics, frozenset(self.dev.wanted(node)))
 
     def _build(self, node: NodeSpec) -> None:
-        files = _Files(self._staging, fresh=not self.sys.exists())
-        files.mkdir(self._staging)
+        files = _Files(str(self._staging), fresh=not self.sys.exists())
+        files.mkdir(str(self._staging))
         functions = _functions(node)
         if not files.fresh:
             self._remove_stale(functions)
@@ -74,7 +75,7 @@ class SysfsTree:
             for gpu in node.gpus:
                 self._prune(self._device_dir(functions, gpu.pci), set())
         for nic in node.nics:
-            self._write_nic(files, self._device_dir(functions, nic.pci), nic)
+            self._write_nic(files, str(self._device_dir(functions, nic.pci)), nic)
         if not files.fresh:
             self._prune_class_links(node)
         self.dev.apply(node)
@@ -96,44 +97,45 @@ class SysfsTree:
                 shutil.rmtree(self.sys / "devices" / entry, ignore_errors=True)
 
     def _write_function(self, files: _Files, addr: str, fn: _Function) -> None:
-        path = self.sys / fn.rel
+        path = f"{self.sys}/{fn.rel}"
         files.mkdir(path)
-        files.write(path / "vendor", fn.vendor)
-        files.write(path / "device", fn.device)
-        files.write(path / "class", fn.pci_class)
-        files.write(path / "numa_node", str(-1 if fn.numa is None else fn.numa))
-        files.link(self.sys / "bus/pci/devices" / addr, path)
+        files.write(f"{path}/vendor", fn.vendor)
+        files.write(f"{path}/device", fn.device)
+        files.write(f"{path}/class", fn.pci_class)
+        files.write(f"{path}/numa_node", str(-1 if fn.numa is None else fn.numa))
+        files.link(f"{self.sys}/bus/pci/devices/{addr}", path)
 
-    def _write_nic(self, files: _Files, pci_dir: Path, nic: NicSpec) -> None:
+    def _write_nic(self, files: _Files, pci_dir: str, nic: NicSpec) -> None:
         has_rdma = nic.rdma is not None and nic.uverbs is not None
         if not files.fresh:
-            self._prune(pci_dir / "net", {nic.netdev})
-            self._prune(pci_dir, {"net", "infiniband", "infiniband_verbs"} if has_rdma else {"net"})
-        net = pci_dir / "net" / nic.netdev
+            self._prune(Path(pci_dir, "net"), {nic.netdev})
+            keep = {"net", "infiniband", "infiniband_verbs"} if has_rdma else {"net"}
+            self._prune(Path(pci_dir), keep)
+        net = f"{pci_dir}/net/{nic.netdev}"
         files.mkdir(net)
-        files.write(net / "operstate", nic.link)
-        files.link(net / "device", pci_dir)
-        files.link(self.sys / "class/net" / nic.netdev, net)
+        files.write(f"{net}/operstate", nic.link)
+        files.link(f"{net}/device", pci_dir)
+        files.link(f"{self.sys}/class/net/{nic.netdev}", net)
         if nic.rdma is None or nic.uverbs is None:
             return
         uverbs = f"uverbs{nic.uverbs}"
         if not files.fresh:
-            self._prune(pci_dir / "infiniband", {nic.rdma})
-            self._prune(pci_dir / "infiniband_verbs", {uverbs})
-        ib = pci_dir / "infiniband" / nic.rdma
-        files.mkdir(ib / "ports/1")
+            self._prune(Path(pci_dir, "infiniband"), {nic.rdma})
+            self._prune(Path(pci_dir, "infiniband_verbs"), {uverbs})
+        ib = f"{pci_dir}/infiniband/{nic.rdma}"
+        files.mkdir(f"{ib}/ports/1")
         up = nic.link == "up"
-        files.write(ib / "ports/1/state", "4: ACTIVE" if up else "1: DOWN")
-        files.write(ib / "ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
-        files.write(ib / "ports/1/link_layer", nic.link_layer)
-        files.link(ib / "device", pci_dir)
-        files.link(self.sys / "class/infiniband" / nic.rdma, ib)
-        verbs = pci_dir / "infiniband_verbs" / uverbs
+        files.write(f"{ib}/ports/1/state", "4: ACTIVE" if up else "1: DOWN")
+        files.write(f"{ib}/ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
+        files.write(f"{ib}/ports/1/link_layer", nic.link_layer)
+        files.link(f"{ib}/device", pci_dir)
+        files.link(f"{self.sys}/class/infiniband/{nic.rdma}", ib)
+        verbs = f"{pci_dir}/infiniband_verbs/{uverbs}"
         files.mkdir(verbs)
-        files.write(verbs / "ibdev", nic.rdma)
-        files.write(verbs / "dev", f"231:{192 + nic.uverbs}")
-        files.link(verbs / "device", pci_dir)
-        files.link(self.sys / "class/infiniband_verbs" / uverbs, verbs)
+        files.write(f"{verbs}/ibdev", nic.rdma)
+        files.write(f"{verbs}/dev", f"231:{192 + nic.uverbs}")
+        files.link(f"{verbs}/device", pci_dir)
+        files.link(f"{self.sys}/class/infiniband_verbs/{uverbs}", verbs)
 
     def _prune_class_links(self, node: NodeSpec) -> None:
         rdma = [n for n in node.nics if n.rdma is not None and n.uverbs is not None]
@@ -158,19 +160,27 @@ class SysfsTree:
 class _Files:
     """The file operations of one apply(). In a live tree each file and link is replaced
     atomically (readers never see a half-written one) and only when it changed. A fresh
-    tree has no readers yet: its files are created in place, at half the cost."""
+    tree has no readers yet: its files are created in place, at half the cost.
 
-    def __init__(self, staging: Path, *, fresh: bool) -> None:
+    Paths are absolute strings joined with "/": a tree is several hundred files and
+    links, and pathlib's objects cost more than the system calls that make them."""
+
+    def __init__(self, staging: str, *, fresh: bool) -> None:
         self.fresh = fresh
         self._staging = staging
-        self._dirs: set[Path] = set()  # known to exist
+        self._dirs: set[str] = set()  # known to exist
 
-    def mkdir(self, path: Path) -> None:
-        if path not in self._dirs:
-            path.mkdir(parents=True, exist_ok=True)
-            self._dirs.update((path, *path.parents))
+    def mkdir(self, path: str) -> None:
+        if path in self._dirs:
+            return
+        parent = path.rpartition("/")[0]
+        if parent and parent not in self._dirs:
+            self.mkdir(parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+        self._dirs.add(path)
 
-    def write(self, path: Path, text: str) -> None:
+    def write(self, path: str, text: str) -> None:
         data = (text + "\n").encode()
         if self.fresh:
             _write_file(path, data)
@@ -180,25 +190,31 @@ class _Files:
                 return
         except OSError:
             pass
-        tmp = self._staging / f"{path.name}.{os.getpid()}"
+        tmp = f"{self._staging}/{_name(path)}.{os.getpid()}"
         _write_file(tmp, data)
         os.replace(tmp, path)
 
-    def link(self, link: Path, target: Path) -> None:
-        rel = os.path.relpath(target, link.parent)
-        self.mkdir(link.parent)
+    def link(self, link: str, target: str) -> None:
+        parent = link.rpartition("/")[0]
+        rel = os.path.relpath(target, parent)
+        self.mkdir(parent)
         if self.fresh:
             os.symlink(rel, link)
             return
         if os.path.islink(link) and os.readlink(link) == rel:
             return
-        tmp = self._staging / f"{link.name}.{os.getpid()}.link"
-        tmp.unlink(missing_ok=True)
+        tmp = f"{self._staging}/{_name(link)}.{os.getpid()}.link"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         os.symlink(rel, tmp)
         os.replace(tmp, link)
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _name(path: str) -> str:
+    return path.rpartition("/")[2]
+
+
+def _write_file(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.write(fd, data)
@@ -206,7 +222,7 @@ def _write_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _read_file(path: Path) -> bytes:
+def _read_file(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, _MAX_FILE)
