@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agents.config import parse_config
+from agents.errors import BackendError
 from agents.gpu.family import GpuFamily
 from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
 from agents.sim.nvml import SimNvml
@@ -29,6 +30,8 @@ class SteppedNvml:
         self._ticks: asyncio.Queue[None] = asyncio.Queue()
         self._lost: set[str] = set()
         self.status_calls = 0
+        self.failures = 0  # next_events() calls still to fail, as a broken event wait does
+        self.shutdowns = 0
 
     def tick(self) -> None:
         self._ticks.put_nowait(None)
@@ -40,6 +43,7 @@ class SteppedNvml:
         self._inner.init()
 
     def shutdown(self) -> None:
+        self.shutdowns += 1
         self._inner.shutdown()
 
     def driver_version(self) -> str:
@@ -55,6 +59,9 @@ class SteppedNvml:
         return self._inner.status(uuid)
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise BackendError("NVML events: the wait failed")
         await self._ticks.get()
         return []
 
@@ -71,19 +78,24 @@ class Probed:
         await async_wait_until(lambda: self.nvml.status_calls >= want, what=f"{n} probes")
 
 
-@pytest.fixture
-async def probed(node_file: Path, tmp_path: Path) -> AsyncIterator[Probed]:
-    node = SimulatedNode(node_file, tmp_path / "root")
+async def start_family(node_file: Path, root: Path) -> tuple[GpuFamily, SteppedNvml, int]:
+    node = SimulatedNode(node_file, root)
     node.load()
     nvml = SteppedNvml(node.nvml)
     sharing = f"{{resources: [{{name: nvidia.com/gpu, replicas: {REPLICAS}}}]}}"
     config = parse_config(f"sharing: {{timeSlicing: {sharing}}}", "<test>")
     family = GpuFamily(nvml, node.sysfs, config, config_source="<test>")
     family.start()
+    return family, nvml, len(node.spec.gpus)
+
+
+@pytest.fixture
+async def probed(node_file: Path, tmp_path: Path) -> AsyncIterator[Probed]:
+    family, nvml, gpus = await start_family(node_file, tmp_path / "root")
     stop = asyncio.Event()
     task = asyncio.ensure_future(family.run(stop))
     try:
-        yield Probed(family, nvml, len(node.spec.gpus))
+        yield Probed(family, nvml, gpus)
     finally:
         stop.set()
         nvml.tick()
@@ -119,3 +131,32 @@ async def test_gpu_lost_without_an_event_turns_its_replicas_unhealthy_at_the_nex
         probed.nvml.tick()
     await probed.probes_done(4)
     assert resource.inventory.version == version + 1
+
+
+async def test_stop_ends_the_family_while_nvml_is_still_waiting(
+    node_file: Path, tmp_path: Path
+) -> None:
+    family, nvml, _ = await start_family(node_file, tmp_path / "root")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(family.run(stop))
+    await async_wait_until(lambda: nvml.status_calls > 0, what="the first probe")
+    stop.set()  # no tick: the NVML wait is still pending
+    await asyncio.wait_for(task, 5)
+    assert nvml.shutdowns == 1
+
+
+async def test_a_failed_event_wait_is_logged_and_probing_goes_on(
+    node_file: Path, tmp_path: Path
+) -> None:
+    family, nvml, gpus = await start_family(node_file, tmp_path / "root")
+    nvml.failures = 1
+    lost = family.gpus[0].uuid
+    nvml.lose(lost)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(family.run(stop))
+    try:
+        await async_wait_until(lambda: family.healthy_count() == gpus - 1, what="the probe")
+        assert not task.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
