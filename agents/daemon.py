@@ -25,10 +25,10 @@ from agents.plugin.manager import PluginManager
 from agents.plugin.resource import Resource
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.roce.family import RoceFamily
-from agents.sim.simnode import SimulatedNode
 
 if TYPE_CHECKING:
     from agents.metrics import Metrics, MetricsServer
+    from agents.sim.simnode import SimulatedNode
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +69,7 @@ def sim_root_parent() -> str | None:
 async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
     """A simulated node materialised in a temporary root for as long as the context lasts."""
     from agents.hw.netlink import NetlinkMonitor
+    from agents.sim.simnode import SimulatedNode  # the simulator: only for --simulate
 
     # Ours to close: the RoCE family closes its links when it ends, but a GPU-only
     # agent, or a node file that fails to load, never hands them to one.
