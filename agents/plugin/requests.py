@@ -8,7 +8,11 @@ from agents.errors import AllocationError, Code
 from agents.plugin.resource import Inventory
 
 
-def _no_duplicates(ids: Sequence[str], what: str) -> None:
+def _no_duplicates(ids: Sequence[str], what: str) -> set[str]:
+    """The IDs as a set; names the first ID listed twice, if any."""
+    distinct = set(ids)
+    if len(distinct) == len(ids):
+        return distinct
     seen: set[str] = set()
     for device_id in ids:
         if device_id in seen:
@@ -16,9 +20,13 @@ def _no_duplicates(ids: Sequence[str], what: str) -> None:
                 Code.INVALID_ARGUMENT, f"{what}: device {device_id} is listed twice"
             )
         seen.add(device_id)
+    raise AssertionError("unreachable: a shorter set means a duplicate")
 
 
-def _all_known(inventory: Inventory, ids: Sequence[str], resource: str) -> None:
+def _all_known(inventory: Inventory, ids: Sequence[str], distinct: set[str], resource: str) -> None:
+    """Names the first ID the inventory does not hold, if any (`distinct` is set(ids))."""
+    if inventory.ids() >= distinct:
+        return
     for device_id in ids:
         if inventory.get(device_id) is None:
             raise AllocationError(
@@ -30,8 +38,8 @@ def check_allocate(inventory: Inventory, ids: Sequence[str], resource: str) -> N
     """Allocate takes known, healthy, distinct devices, at least one."""
     if not ids:
         raise AllocationError(Code.INVALID_ARGUMENT, f"allocate for {resource}: no device IDs")
-    _no_duplicates(ids, f"allocate for {resource}")
-    _all_known(inventory, ids, resource)
+    distinct = _no_duplicates(ids, f"allocate for {resource}")
+    _all_known(inventory, ids, distinct, resource)
     for device_id in ids:
         device = inventory.get(device_id)
         if device is not None and not device.healthy:
@@ -49,11 +57,10 @@ def check_preferred(
 ) -> None:
     """A preferred-allocation request must be satisfiable from what it offers."""
     what = f"preferred allocation for {resource}"
-    _no_duplicates(available, what)
-    _no_duplicates(must_include, what)
-    _all_known(inventory, available, resource)
-    _all_known(inventory, must_include, resource)
-    offered = set(available)
+    offered = _no_duplicates(available, what)
+    included = _no_duplicates(must_include, what)
+    _all_known(inventory, available, offered, resource)
+    _all_known(inventory, must_include, included, resource)
     for device_id in must_include:
         if device_id not in offered:
             raise AllocationError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 from typing import Protocol
 
 from agents.core.device import ContainerAllocation, Device
@@ -31,6 +31,10 @@ class Inventory:
 
     def get(self, device_id: str) -> Device | None:
         return self._by_id.get(device_id)
+
+    def ids(self) -> KeysView[str]:
+        """Every device ID, as a set-like view (membership tests of whole requests at once)."""
+        return self._by_id.keys()
 
     def replace(self, devices: Iterable[Device]) -> bool:
         """Set the list; returns True (and wakes waiters) only when it changed."""
