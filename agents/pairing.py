@@ -14,6 +14,7 @@ way gets no rename; its devices offered again tell that it is gone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -120,7 +121,39 @@ class PairingLedger:
             container_other=frozenset(other.container),
             this_free=frozenset(this.free),
         )
-        return pairing.prefer(available, must_include, size, view, costs)
+
+        def choose(v: PairView) -> list[str]:
+            return pairing.prefer(available, must_include, size, v, costs)
+
+        answer = choose(view)
+        return answer if other.container else self._hedged(kind, answer, view, choose)
+
+    def _hedged(
+        self, kind: str, answer: list[str], view: PairView, choose: Callable[[PairView], list[str]]
+    ) -> list[str]:
+        """A container's first resource, where the devices known to be free do not pair
+        every device chosen: the kubelet never reports a pod's end, and the ledger learns
+        it only when the pod's devices are offered again. A pod that held only the other
+        kind may be gone unseen, so its devices may be free: choose towards them too, as
+        long as that pairs no fewer devices with partners known to be free."""
+        pairs, known = view.partners, view.other_free
+        if pairing.paired(answer, pairs, known) == len(answer):
+            return answer
+        maybe = self._maybe_free(_OTHER[kind]) - known
+        if not maybe:
+            return answer
+        hopeful = known | maybe
+        hedge = choose(dataclasses.replace(view, other_free=hopeful))
+        keeps_known = pairing.paired(hedge, pairs, known) >= pairing.paired(answer, pairs, known)
+        gains = pairing.paired(hedge, pairs, hopeful) > pairing.paired(answer, pairs, hopeful)
+        return hedge if keeps_known and gains else answer
+
+    def _maybe_free(self, kind: str) -> frozenset[str]:
+        """Devices of `kind` held by earlier containers that held nothing of the other
+        kind: their pods may have ended without the ledger knowing."""
+        other = _OTHER[kind]
+        held = (h.devices[kind] for h in self._held if not h.devices[other])
+        return frozenset().union(*held) - self._kinds[kind].container
 
     def _abandoned(self, kind: str, offered: set[str]) -> None:
         """The kubelet offers devices of the current container again: that container's

@@ -52,6 +52,13 @@ class PairView:
     this_free: frozenset[str]  # this-kind devices free now (the kubelet's available list)
 
 
+def paired(
+    chosen: Iterable[str], partners: Mapping[str, frozenset[str]], free: frozenset[str]
+) -> int:
+    """How many of `chosen` have a partner among `free`."""
+    return sum(1 for d in chosen if partners.get(d, frozenset()) & free)
+
+
 def score(chosen: Sequence[str], view: PairView) -> Score:
     """Lower is better: pairing with the container first, then keeping pairs whole.
 

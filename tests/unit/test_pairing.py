@@ -251,6 +251,24 @@ def test_ledger_forgets_a_container_whose_admission_failed_half_way() -> None:
     assert nic.prefer(["n2", "n3"], [], 1) == ["n3"]
 
 
+def test_ledger_first_resource_leans_towards_devices_of_a_pod_that_may_have_ended() -> None:
+    book = ledger()
+    gpu, nic = book.side(GPU), book.side(NIC)
+    gpu.allocated(["g2"])
+    nic.allocated(["n0"])
+    book.container_done()  # A, GPU+NIC: g2 with n0
+    nic.allocated(["n1"])
+    book.container_done()  # B, NIC only: n1; its pod may end without the kubelet saying so
+    gpu.allocated(["g3"])
+    book.container_done()  # C, GPU only: g3
+    # Neither free GPU has a partner known to be free (n2, n3 belong to held GPUs). g1's
+    # partner n1 is free as soon as B's pod is gone; g0's partner is held by A with a GPU.
+    assert gpu.prefer(["g0", "g1"], [], 1) == ["g1"]
+    # A's pod ends (g2 offered again): g0 and g2 now have partners known to be free,
+    # and those win over g1, whose partner only may be.
+    assert gpu.prefer(["g0", "g1", "g2"], [], 1) != ["g1"]
+
+
 def _brute_force(
     available: list[str], must: list[str], size: int, pair_view: PairView, costs: PairCosts
 ) -> list[str]:
