@@ -16,6 +16,7 @@ from agents.errors import BackendError
 from agents.gpu.discovery import Gpu, discover, nvlink_counts
 from agents.gpu.plan import plan_resources
 from agents.gpu.resource import AllocateOptions, GpuResource
+from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml, XidEvent
 from agents.hw.sysfs import Sysfs
 from agents.plugin.telemetry import NoTelemetry, Telemetry
@@ -76,6 +77,7 @@ class GpuFamily:
                 self._config.sharing.time_slicing.fail_requests_greater_than_one
             ),
             minors={g.uuid: g.minor for g in gpus},
+            mig_caps=self._mig_caps(gpus) if flags.pass_device_specs else {},
             dev_root=self._dev_root,
         )
         nvlinks = nvlink_counts(gpus)
@@ -92,6 +94,26 @@ class GpuFamily:
             GpuResource(plan, options, nvlinks=nvlinks, pcie=pcie)
             for plan in plan_resources(gpus, self._config, self._source)
         ]
+
+    def _mig_caps(self, gpus: Sequence[Gpu]) -> dict[str, tuple[str, ...]]:
+        """The capability devices of each MIG instance (by MIG UUID) for passDeviceSpecs.
+        An instance whose access files cannot be read gets none, and says so."""
+        if self._config.flags.mig_strategy == "none":
+            return {}
+        caps: dict[str, tuple[str, ...]] = {}
+        for gpu in gpus:
+            for mig in gpu.mig:
+                try:
+                    caps[mig.uuid] = mig_cap_devices(self._dev_root, gpu.minor, mig)
+                except BackendError as exc:
+                    log.warning(
+                        "mig_capabilities_unreadable",
+                        gpu=gpu.uuid,
+                        mig=mig.uuid,
+                        error=str(exc),
+                        effect="its containers get no /dev/nvidia-caps device specs",
+                    )
+        return caps
 
     def healthy_count(self) -> int:
         """Physical GPUs that are present and healthy."""

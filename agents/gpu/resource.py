@@ -28,6 +28,7 @@ class AllocateOptions:
     pass_device_specs: bool
     fail_requests_greater_than_one: bool
     minors: Mapping[str, int]  # physical GPU UUID -> /dev/nvidia<minor>
+    mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its /dev/nvidia-caps devices
     dev_root: str  # "" on a real node; the simulator's root on a simulated one
 
 
@@ -98,6 +99,7 @@ class GpuResource:
         if opts.pass_device_specs:
             gpus = dict.fromkeys(u.gpu_uuid for u in units)
             paths = [*CONTROL_DEVICES, *(f"/dev/nvidia{opts.minors[g]}" for g in gpus)]
+            paths += [cap for v in visible for cap in opts.mig_caps.get(v, ())]
             specs = tuple(DeviceSpec(p, opts.dev_root + p, "rw") for p in paths)
         return ContainerAllocation(envs=envs, devices=specs, cdi_devices=cdi)
 

@@ -15,6 +15,8 @@ from typing import Protocol
 class MigInstance:
     uuid: str  # MIG-...
     profile: str  # e.g. "1g.10gb"
+    gpu_instance: int  # NVML's GPU instance ID on its GPU
+    compute_instance: int  # NVML's compute instance ID within that GPU instance
 
 
 @dataclass(frozen=True)

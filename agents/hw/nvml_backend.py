@@ -252,7 +252,14 @@ def _mig_instances(handle: object, memory_bytes: int) -> tuple[MigInstance, ...]
             int(attrs.memorySizeMB),
             memory_bytes,
         )
-        out.append(MigInstance(uuid=_text(pynvml.nvmlDeviceGetUUID(mig)), profile=profile))
+        out.append(
+            MigInstance(
+                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
+                profile=profile,
+                gpu_instance=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
+                compute_instance=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+            )
+        )
     return tuple(out)
 
 

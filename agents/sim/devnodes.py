@@ -10,13 +10,32 @@ from pathlib import Path
 
 import structlog
 
+from agents.hw.nvidia_caps import CAP_DEVICE, access_files
 from agents.sim.node import NodeSpec
 
 log = structlog.get_logger(__name__)
 
 _NULL = os.makedev(1, 3)
 _GPU_COMMON = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-_OWNED = re.compile(r"nvidia\d+|infiniband/uverbs\d+")
+_OWNED = re.compile(r"nvidia\d+|infiniband/uverbs\d+|nvidia-caps/nvidia-cap\d+")
+# The driver's numbering of capability devices: config 1, monitor 2, then per GPU minor
+# 15 GPU instances of 9 entries each (the instance's access, then 8 compute instances').
+_CAPS_FIRST, _CAPS_PER_GPU, _CAPS_PER_GI = 3, 135, 9
+
+
+def mig_access_files(node: NodeSpec) -> dict[str, int]:
+    """The driver's access file (its /proc path) of every MIG GPU and compute instance on
+    the node, with the minor of the capability device it names."""
+    out: dict[str, int] = {}
+    for gpu in node.gpus:
+        if not gpu.mig_enabled:
+            continue
+        for mig in gpu.mig_instances:
+            gi_file, ci_file = access_files(gpu.minor, mig)
+            gi = _CAPS_FIRST + gpu.minor * _CAPS_PER_GPU + mig.gpu_instance * _CAPS_PER_GI
+            out[gi_file] = gi
+            out[ci_file] = gi + 1 + mig.compute_instance
+    return out
 
 
 class DeviceNodes:
@@ -36,6 +55,7 @@ class DeviceNodes:
         out |= {f"/dev/infiniband/uverbs{n.uverbs}" for n in rdma}
         if rdma:
             out.add("/dev/infiniband/rdma_cm")
+        out |= {f"{CAP_DEVICE}{minor}" for minor in mig_access_files(node).values()}
         return out
 
     def apply(self, node: NodeSpec) -> None:
@@ -43,7 +63,12 @@ class DeviceNodes:
         for container_path in sorted(wanted):
             self._create(Path(self.host_path(container_path)))
         dev = self.root / "dev"
-        for name in (*_entries(dev, ""), *_entries(dev / "infiniband", "infiniband/")):
+        owned = (
+            *_entries(dev, ""),
+            *_entries(dev / "infiniband", "infiniband/"),
+            *_entries(dev / "nvidia-caps", "nvidia-caps/"),
+        )
+        for name in owned:
             if _OWNED.fullmatch(name) and f"/dev/{name}" not in wanted:
                 (dev / name).unlink(missing_ok=True)
 

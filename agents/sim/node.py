@@ -160,7 +160,8 @@ def _mig(f: Fields, m: MappingValue, path: str) -> tuple[bool, tuple[MigInstance
             pattern=r"\d+g\.\d+gb(\+me)?",
             expected="a MIG profile like 1g.10gb",
         )
-        out.append(MigInstance(uuid, profile))
+        # One compute instance in each GPU instance, numbered in the file's order.
+        out.append(MigInstance(uuid, profile, gpu_instance=i, compute_instance=0))
     return f.boolean(mig, mig_path, "enabled", False), tuple(out)
 
 

@@ -1,6 +1,7 @@
 """Materialise a node file as a sysfs tree in the kernel's layout, plus its device nodes.
 
-`SysfsTree(root).apply(node)` builds <root>/sys and <root>/dev, or brings them to a new node.
+`SysfsTree(root).apply(node)` builds <root>/sys and <root>/dev (and the driver's MIG
+access files under <root>/proc), or brings them to a new node.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.core.pci import host_bridge
-from agents.sim.devnodes import DeviceNodes
+from agents.hw.nvidia_caps import CAPABILITIES
+from agents.sim.devnodes import DeviceNodes, mig_access_files
 from agents.sim.node import GpuSpec, NicSpec, NodeSpec
 
 GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "0x10de", "0x2330", "0x030200"
@@ -79,6 +81,22 @@ class SysfsTree:
         if not files.fresh:
             self._prune_class_links(node)
         self.dev.apply(node)
+        self._write_mig_access(files, node)
+
+    def _write_mig_access(self, files: _Files, node: NodeSpec) -> None:
+        """The driver's MIG access files under root/proc, as NVML's instances name them."""
+        wanted = {f"{self.root}{path}": minor for path, minor in mig_access_files(node).items()}
+        if not files.fresh:
+            caps = f"{self.root}{CAPABILITIES}"
+            for top, _dirs, names in os.walk(caps, topdown=False):
+                for name in names:
+                    if f"{top}/{name}" not in wanted:
+                        os.unlink(f"{top}/{name}")
+                if top != caps and not os.listdir(top):
+                    os.rmdir(top)
+        for path, minor in wanted.items():
+            files.mkdir(path.rpartition("/")[0])
+            files.write(path, f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1")
 
     def _device_dir(self, functions: dict[str, _Function], addr: str) -> Path:
         return self.sys / functions[addr].rel

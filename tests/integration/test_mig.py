@@ -3,19 +3,26 @@ MIG nodes, what Allocate names, and a fault on a MIG GPU reaching its instances.
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from agents.errors import ConfigError
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.gpu.resource import VISIBLE_DEVICES
+from agents.hw.nvidia_caps import access_files
 from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
+from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Pod
-from tests.integration.gpu_agent import WAIT, run_gpu_agent_to_exit, running_agent
+from tests.integration.gpu_agent import WAIT, config, run_gpu_agent_to_exit, running_agent
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
@@ -45,6 +52,63 @@ async def test_mixed_offers_one_resource_per_profile_and_the_whole_gpu(tmp_path:
         assert sorted(small) == sorted(got.devices[MIG_1G])
         assert set(small) <= MIG_1G_UUIDS
         assert got.responses[MIG_3G].envs[VISIBLE_DEVICES] == MIG_3G_UUIDS.pop()
+
+
+def cap_devices(index: int) -> set[str]:
+    """The capability devices of MIG_GPU's instance `index` (GPU instance `index`, compute
+    instance 0), numbered as the driver numbers them: config 1, monitor 2, then 9 entries
+    per GPU instance of each GPU minor (its access, then 8 compute instances')."""
+    gi = 3 + MIG_GPU.minor * 135 + index * 9
+    return {f"/dev/nvidia-caps/nvidia-cap{gi}", f"/dev/nvidia-caps/nvidia-cap{gi + 1}"}
+
+
+async def test_pass_device_specs_gives_mig_instances_their_capability_devices(
+    tmp_path: Path,
+) -> None:
+    async with running_agent(tmp_path, MIXED + "  passDeviceSpecs: true\n", node=MIXED_NODE) as run:
+        await run.registered({MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1})
+        pod = Pod("mig", [Container("c", {MIG_1G: 2, GPU_RESOURCE: 1})])
+        got = (await run.kubelet.admit(pod)).containers["c"]
+        index = {m.uuid: i for i, m in enumerate(MIG_GPU.mig_instances)}
+        control = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+        want = control | {f"/dev/nvidia{MIG_GPU.minor}"}
+        want |= {cap for uuid in got.devices[MIG_1G] for cap in cap_devices(index[uuid])}
+        specs = got.responses[MIG_1G].devices
+        assert {d.container_path for d in specs} == want
+        assert len(specs) == len(want) == 4 + 2 * 2
+        for spec in specs:
+            assert spec.host_path == str(run.sim.dev_root) + spec.container_path
+            # The simulator makes real character devices where it may (as root).
+            assert stat.S_ISCHR(os.stat(spec.host_path).st_mode) or os.geteuid() != 0
+        whole = {d.container_path for d in got.responses[GPU_RESOURCE].devices}
+        assert whole == control | {f"/dev/nvidia{WHOLE_GPU.minor}"}
+
+
+def test_an_unreadable_mig_access_file_costs_that_instance_its_caps_only(tmp_path: Path) -> None:
+    node_file = tmp_path / "node.yaml"
+    shutil.copy(bundled_node(MIXED_NODE), node_file)
+    node = SimulatedNode(node_file, tmp_path / "root")
+    node.load()
+    broken = MIG_GPU.mig_instances[0]
+    gone = access_files(MIG_GPU.minor, broken)[1]
+    os.unlink(str(node.dev_root) + gone)
+    cfg = config(MIXED + "  passDeviceSpecs: true\n")
+    family = GpuFamily(node.nvml, node.sysfs, cfg, config_source="t", dev_root=node.dev_root)
+    with structlog.testing.capture_logs() as logs:
+        family.start()
+    [warning] = [e for e in logs if e["event"] == "mig_capabilities_unreadable"]
+    assert (warning["mig"], warning["log_level"]) == (broken.uuid, "warning")
+    assert gone in warning["error"]
+    small = next(r for r in family.resources() if r.name == MIG_1G)
+    paths = {
+        uuid: {
+            d.container_path for d in small.allocate([uuid]).devices if "caps" in d.container_path
+        }
+        for uuid in MIG_1G_UUIDS
+    }
+    index = {m.uuid: i for i, m in enumerate(MIG_GPU.mig_instances)}
+    assert paths == {u: set() if u == broken.uuid else cap_devices(index[u]) for u in MIG_1G_UUIDS}
+    node.links.close()
 
 
 async def test_time_slicing_a_mig_profile_replicates_its_instances(tmp_path: Path) -> None:

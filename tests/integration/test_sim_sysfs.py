@@ -11,6 +11,7 @@ import pytest
 
 from agents.core.pci import pci_chain
 from agents.errors import BackendError
+from agents.hw.nvidia_caps import access_files, mig_cap_devices
 from agents.hw.sysfs import RdmaPort, Sysfs
 from agents.sim.bundled import bundled_node
 from agents.sim.node import NodeSpec, load_node
@@ -190,3 +191,35 @@ def test_edits_sysfs_does_not_show_leave_the_tree_and_later_edits_still_apply(
     assert sysfs.port_state(str(nic.rdma), 1) == "DOWN"
     tree.apply(node)
     assert _snapshot(tree.root) == before
+
+
+def test_mig_access_files_name_capability_devices_that_exist_and_go_with_mig(
+    tmp_path: Path,
+) -> None:
+    node, tree, _ = build(tmp_path, "mig-mixed")
+    gpu = node.gpus[0]
+    root = str(tree.dev_root)
+    caps = [mig_cap_devices(root, gpu.minor, mig) for mig in gpu.mig_instances]
+    assert len({cap for pair in caps for cap in pair}) == 2 * len(gpu.mig_instances)
+    for pair in caps:
+        for cap in pair:
+            assert stat.S_ISCHR(os.stat(root + cap).st_mode), cap
+    whole = dataclasses.replace(gpu, mig_enabled=False)
+    tree.apply(dataclasses.replace(node, gpus=(whole, *node.gpus[1:])))
+    for mig, pair in zip(gpu.mig_instances, caps, strict=True):
+        with pytest.raises(BackendError, match="/access: No such file"):
+            mig_cap_devices(root, gpu.minor, mig)
+        assert not any(os.path.lexists(root + cap) for cap in pair)
+    tree.apply(node)
+    fresh = SysfsTree(tmp_path / "fresh")
+    fresh.apply(node)
+    assert _snapshot(tree.root) == _snapshot(fresh.root)
+
+
+def test_an_access_file_without_a_minor_is_a_backend_error_naming_it(tmp_path: Path) -> None:
+    node, tree, _ = build(tmp_path, "mig-mixed")
+    gpu = node.gpus[0]
+    gi_file, _ = access_files(gpu.minor, gpu.mig_instances[1])
+    Path(str(tree.dev_root) + gi_file).write_text("DeviceFileMode: 292\n")
+    with pytest.raises(BackendError, match=f"^{gi_file}: no DeviceFileMinor line$"):
+        mig_cap_devices(str(tree.dev_root), gpu.minor, gpu.mig_instances[1])

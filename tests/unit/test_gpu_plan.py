@@ -26,7 +26,7 @@ def gpu(index: int, *profiles: str) -> Gpu:
         model="NVIDIA H100 80GB HBM3",
         memory_mib=81559,
         mig_enabled=bool(profiles),
-        mig=tuple(MigInstance(f"MIG-{index}-{n}", p) for n, p in enumerate(profiles)),
+        mig=tuple(MigInstance(f"MIG-{index}-{n}", p, n, 0) for n, p in enumerate(profiles)),
         nvlink_peers=(),
         location=None,
     )

@@ -19,6 +19,7 @@ OPTIONS = AllocateOptions(
     pass_device_specs=False,
     fail_requests_greater_than_one=False,
     minors={},
+    mig_caps={},
     dev_root="",
 )
 GPUS = [f"GPU-{i}" for i in range(6)]

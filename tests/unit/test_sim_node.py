@@ -81,7 +81,7 @@ def test_every_field_is_read() -> None:
         7,
         (GPU_B,),
     )
-    assert gpu.mig_enabled and gpu.mig_instances == (MigInstance("MIG-1", "1g.10gb"),)
+    assert gpu.mig_enabled and gpu.mig_instances == (MigInstance("MIG-1", "1g.10gb", 0, 0),)
     assert (gpu.xids, gpu.lost) == ((48, 79), True)
     assert (nic.numa, nic.vendor, nic.link_layer, nic.link, nic.uverbs) == (
         1,
