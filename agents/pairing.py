@@ -137,14 +137,15 @@ class PairingLedger:
         kind may be gone unseen, so its devices may be free: choose towards them too, as
         long as that pairs no fewer devices with partners known to be free."""
         pairs, known = view.partners, view.other_free
-        if pairing.paired(answer, pairs, known) == len(answer):
+        answered = pairing.paired(answer, pairs, known)
+        if answered == len(answer):
             return answer
         maybe = self._maybe_free(_OTHER[kind]) - known
         if not maybe:
             return answer
         hopeful = known | maybe
         hedge = choose(dataclasses.replace(view, other_free=hopeful))
-        keeps_known = pairing.paired(hedge, pairs, known) >= pairing.paired(answer, pairs, known)
+        keeps_known = pairing.paired(hedge, pairs, known) >= answered
         gains = pairing.paired(hedge, pairs, hopeful) > pairing.paired(answer, pairs, hopeful)
         return hedge if keeps_known and gains else answer
 
