@@ -9,6 +9,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agents.config import Config
@@ -108,6 +109,39 @@ class Knowledge:
             self.unseen[resource].clear()
 
 
+@dataclass
+class Tally:
+    """GPU+NIC containers judged: those for which a fully paired choice existed at all,
+    those for which the agent could know of one, and how many of each got one."""
+
+    pairable_any: int = 0
+    paired_any: int = 0
+    pairable: int = 0
+    paired: int = 0
+
+    def add(
+        self,
+        judge: Judge,
+        free: Mapping[str, set[str]],
+        known: Mapping[str, set[str]],
+        gpus: Sequence[str],
+        nics: Sequence[str],
+    ) -> bool:
+        """Count one container (`free` and `known` by resource, as before it was
+        admitted); True when it missed a pair that the agent could know of."""
+        k, m = len(gpus), len(nics)
+        if not judge.possible(free[GPU], free[NIC], k, m):
+            return False  # nor could the agent know of one: the known sets are smaller
+        fully = judge.fully_paired(gpus, nics)
+        self.pairable_any += 1
+        self.paired_any += fully
+        if not judge.possible(known[GPU], known[NIC], k, m):
+            return False
+        self.pairable += 1
+        self.paired += fully
+        return not fully
+
+
 class Workload:
     """Random pods of GPU+NIC, GPU-only and NIC-only containers; some leave again.
 
@@ -122,10 +156,7 @@ class Workload:
         self.rng = random.Random(seed)
         self.live: list[str] = []
         self.knowledge = Knowledge()
-        self.pairable = 0  # a fully paired choice existed that the agent could know of
-        self.paired = 0
-        self.pairable_any = 0  # ... existed at all, known to the agent or not
-        self.paired_any = 0
+        self.tally = Tally()
 
     def _free(self, resource: str) -> set[str]:
         view = self.kubelet.resource(resource)
@@ -159,18 +190,11 @@ class Workload:
         self.live.append(name)
         if len(got.order) == 2:
             known = self.knowledge.known(free, got.order)
-            gpus, nics = got.devices[GPU], got.devices[NIC]
-            fully = self.judge.fully_paired(gpus, nics)
-            if self.judge.possible(free[GPU], free[NIC], len(gpus), len(nics)):
-                self.pairable_any += 1
-                self.paired_any += fully
-            if self.judge.possible(known[GPU], known[NIC], len(gpus), len(nics)):
-                self.pairable += 1
-                self.paired += fully
+            self.tally.add(self.judge, free, known, got.devices[GPU], got.devices[NIC])
         self.knowledge.offered(got.order)
 
 
-async def pairing_rate(node: str, pods: int, seed: int) -> Workload:
+async def pairing_rate(node: str, pods: int, seed: int) -> Tally:
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         work = Path(tmp)
         node_file = work / "node.yaml"
@@ -198,7 +222,7 @@ async def pairing_rate(node: str, pods: int, seed: int) -> Workload:
                 stop.set()
                 await task
         await kubelet.stop()
-        return workload
+        return workload.tally
 
 
 async def pairing_figures(pods: int) -> list[Figure]:

@@ -21,7 +21,7 @@ from agents.daemon import Agent, simulated_backends
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import AllocatedContainer, Container, Kubelet, Pod
-from hack.benchlib.pairing import Judge, Knowledge, nics_for
+from hack.benchlib.pairing import Judge, Knowledge, Tally, nics_for
 
 NIC = "rdma/roce"
 OPERATIONS = 400
@@ -35,20 +35,20 @@ class Workload:
     """What one run did, and how its GPU+NIC containers came out."""
 
     counts: Counter[str] = field(default_factory=Counter)
-    could_pair: int = 0  # GPU+NIC containers for which a fully paired choice existed
-    paired: int = 0  # ... and that got one
-    knowable: int = 0  # ... existed even without the devices the agent cannot know are free
+    tally: Tally = field(default_factory=Tally)
     misses: list[str] = field(default_factory=list)  # knowable but not fully paired
 
     @property
     def rate(self) -> float:
-        return self.paired / self.could_pair if self.could_pair else 1.0
+        t = self.tally
+        return t.paired_any / t.pairable_any if t.pairable_any else 1.0
 
     def line(self, label: str) -> str:
         mix = ", ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        t = self.tally
         return (
-            f"{label}: fully paired {self.paired}/{self.could_pair} "
-            f"({100 * self.rate:.1f}%), knowably possible {self.knowable}, "
+            f"{label}: fully paired {t.paired_any}/{t.pairable_any} "
+            f"({100 * self.rate:.1f}%), knowably possible {t.pairable}, "
             f"misses among those {len(self.misses)}; mix: {mix}"
         )
 
@@ -137,16 +137,8 @@ def _judge(
     name: str,
 ) -> None:
     gpus, nics = got.devices[GPU_RESOURCE], got.devices[NIC]
-    k, m = len(gpus), len(nics)
-    if not judge.possible(free[GPU_RESOURCE], free[NIC], k, m):
-        return
-    result.could_pair += 1
-    ok = judge.fully_paired(gpus, nics)
-    result.paired += ok
-    if judge.possible(known[GPU_RESOURCE], known[NIC], k, m):
-        result.knowable += 1
-        if not ok:
-            result.misses.append(f"{name} order={got.order} gpus={gpus} nics={nics}")
+    if result.tally.add(judge, free, known, gpus, nics):
+        result.misses.append(f"{name} order={got.order} gpus={gpus} nics={nics}")
 
 
 def _occupancy(kubelet: Kubelet) -> float:
@@ -170,6 +162,6 @@ async def test_every_gpu_nic_container_is_fully_paired_when_possible(
     off = await run_workload(node, tmp_path, pairing=False)
     print(f"\n{node}\n  {on.line('pairing on ')}\n  {off.line('pairing off')}")
     print(f"  ({time.monotonic() - started:.1f} s for both runs)")
-    assert on.could_pair >= 50, "the workload must exercise pairing"
+    assert on.tally.pairable_any >= 50, "the workload must exercise pairing"
     assert on.misses == [], f"{len(on.misses)} containers not fully paired: {on.misses[:5]}"
     assert off.rate <= on.rate
