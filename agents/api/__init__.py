@@ -1,1 +1,1 @@
-"""Generated kubelet Device Plugin API v1beta1 (hack/gen_proto.py from proto/)."""
+"""Generated kubelet APIs: Device Plugin v1beta1 and pod-resources v1 (hack/gen_proto.py from proto/)."""
