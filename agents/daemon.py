@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.config import Config
+from agents.core.ledger import GPU, NIC
 from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
 from agents.hw.netlink import LinkMonitor
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
-from agents.pairing import PairingLedger, attach_pairing
+from agents.pairing import Pairing
 from agents.plugin.family import Family
+from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.plugin.manager import PluginManager
 from agents.plugin.resource import Resource
 from agents.plugin.telemetry import NoTelemetry, Telemetry
@@ -101,13 +103,14 @@ class Agent:
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     metrics_address: str | None = None
     nfd_features_file: Path | None = None
+    pod_resources_socket: Path | None = None  # the kubelet's pod-resources API, if reachable
 
     def __post_init__(self) -> None:
         self.family_objects: list[Family] = []
         self.manager: PluginManager | None = None
         self.gpu: GpuFamily | None = None
         self.roce: RoceFamily | None = None
-        self.pairing: PairingLedger | None = None
+        self.pairing: Pairing | None = None
         self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
         if self.metrics_address is not None:
@@ -140,12 +143,51 @@ class Agent:
             self.roce = roce
             self.family_objects.append(roce)
         resources: list[Resource] = [r for f in self.family_objects for r in f.resources()]
-        self.manager = PluginManager(self.plugin_dir, resources, telemetry=self.telemetry)
         if self.config.pairing.enabled:
-            self.pairing = attach_pairing(self.gpu, self.roce, self.manager)
+            self.pairing = self._pair()
+        prepare = {}
+        if self.pairing is not None:
+            prepare = {
+                name: self.pairing.refresh for name in self.pairing.ledger.resources.values()
+            }
+        self.manager = PluginManager(
+            self.plugin_dir, resources, telemetry=self.telemetry, before_preferred=prepare
+        )
         if self.metrics is not None:
             self.metrics.watch_resources(lambda: resources)
         return self.manager
+
+    def _pair(self) -> Pairing | None:
+        """Pair the whole-GPU resource with the NIC resource, when the node has both; say
+        once what is left unpaired otherwise."""
+        gpu, roce = self.gpu, self.roce
+        if gpu is None or roce is None:
+            return None
+        whole = [r for r in gpu.resources() if r.whole_gpus]
+        if len(whole) != 1:
+            log.warning(
+                "pairing_off",
+                reason="no single whole-GPU resource (time-slicing or MIG)",
+                gpu_resources={
+                    r.name: "whole" if r.whole_gpus else "shared or MIG" for r in gpu.resources()
+                },
+                unpaired=[r.name for r in gpu.resources()] + [roce.resources()[0].name],
+            )
+            return None
+        resource, nics = whole[0], roce.resources()[0]
+        by_uuid = {g.uuid: g.location for g in gpu.gpus if g.location is not None}
+        units = {d.id: resource.unit(d.id).gpu_uuid for d in resource.inventory.devices}
+        gpus = {unit: by_uuid[uuid] for unit, uuid in units.items() if uuid in by_uuid}
+        pairing = Pairing(
+            {GPU: resource.name, NIC: nics.name},
+            gpus,
+            {n.pci: n.location for n in roce.nics if n.location is not None},
+            CheckpointFile(self.plugin_dir),
+            PodResources(self.pod_resources_socket),
+        )
+        resource.pairing = pairing.side(GPU)
+        nics.pairing = pairing.side(NIC)
+        return pairing
 
     def serving(self) -> bool:
         """Liveness: every resource's server is up."""
@@ -173,3 +215,5 @@ class Agent:
         finally:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.pairing is not None:
+                await self.pairing.close()

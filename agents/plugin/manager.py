@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -28,7 +28,6 @@ log = structlog.get_logger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
-CHECKPOINT = "kubelet_internal_checkpoint"
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
 SUN_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
@@ -43,14 +42,18 @@ class PluginManager:
         resources: Sequence[Resource],
         *,
         telemetry: Telemetry | None = None,
-        on_checkpoint: Callable[[], None] = lambda: None,
+        before_preferred: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self._telemetry = telemetry or NoTelemetry()
-        self.on_checkpoint = on_checkpoint
+        prepare = before_preferred or {}
         self.servers = {
             r.name: DevicePluginServer(
-                r, plugin_dir, on_stream_lost=self._stream_lost, telemetry=self._telemetry
+                r,
+                plugin_dir,
+                on_stream_lost=self._stream_lost,
+                telemetry=self._telemetry,
+                before_preferred=prepare.get(r.name),
             )
             for r in resources
         }
@@ -91,7 +94,6 @@ class PluginManager:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and register until `stop` is set; then stop every server (sockets removed)."""
         with DirectoryWatch(self.plugin_dir) as watch:
-            watch.add_listener(self._checkpoint_listener)
             self._watch = watch
             try:
                 for server in self.servers.values():
@@ -129,15 +131,6 @@ class PluginManager:
         finally:
             for task in [events, *others]:
                 task.cancel()
-
-    def _checkpoint_listener(self, event: FsEvent) -> None:
-        if event.name == CHECKPOINT and event.change & Change.CREATED:
-            self.on_checkpoint()
-
-    def sync_directory(self) -> None:
-        """Take in directory events the kernel already has (checkpoint renames above all)."""
-        if self._watch is not None:
-            self._watch.poll()
 
     async def _handle(self, events: list[FsEvent]) -> None:
         for event in events:

@@ -52,8 +52,12 @@ class DevicePluginServer:
         *,
         on_stream_lost: Callable[[str], None] = lambda _name: None,
         telemetry: Telemetry | None = None,
+        before_preferred: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.resource = resource
+        # Facts to gather (pod-resources) before a preferred answer, which is computed
+        # without awaiting anything.
+        self.before_preferred = before_preferred
         self.socket_path = plugin_dir / socket_name(resource.name)
         self._on_stream_lost = on_stream_lost
         self._telemetry = telemetry or NoTelemetry()
@@ -208,6 +212,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     async def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
         async def call() -> pb.PreferredAllocationResponse:
+            if self._server.before_preferred is not None:
+                await self._server.before_preferred()
             return pb.PreferredAllocationResponse(
                 container_responses=[self._prefer(req) for req in request.container_requests]
             )

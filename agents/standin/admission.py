@@ -92,6 +92,11 @@ class DeviceManager:
         self._rng = rng
         self._use_preferred = use_preferred
         self._pods: dict[str, PodAllocation] = {}
+        # Gone from the device manager, still in the checkpoint file until the next
+        # admission of a container begins (the kubelet drops inactive pods only then).
+        self._inactive: dict[str, PodAllocation] = {}
+        # Ended but not deleted: devices free, still listed by pod-resources.
+        self._ended: dict[str, PodAllocation] = {}
         self._picked: dict[str, set[str]] = {}  # chosen, Allocate not answered yet
         self._lock = asyncio.Lock()
         self.checkpoint_writes = 0
@@ -109,15 +114,29 @@ class DeviceManager:
     def pod(self, name: str) -> PodAllocation | None:
         return self._pods.get(name)
 
-    def release(self, pod: str) -> bool:
-        # The kubelet frees a deleted pod's devices without writing the checkpoint.
-        return self._pods.pop(pod, None) is not None
+    def release(self, pod: str, *, deleted: bool = True) -> bool:
+        """The pod ended (and, if `deleted`, is gone from the API too): its devices are
+        free. The kubelet writes no checkpoint for it."""
+        gone = self._pods.pop(pod, None)
+        if gone is not None:
+            self._inactive[pod] = gone
+            if not deleted:
+                self._ended[pod] = gone
+        if deleted:
+            gone = self._ended.pop(pod, None) or gone
+        return gone is not None
+
+    def listed(self) -> list[PodAllocation]:
+        """What pod-resources lists: every pod admitted or being admitted, and those
+        ended but not deleted."""
+        return [*self._pods.values(), *self._ended.values()]
 
     async def admit(self, pod: Pod, plugins: Plugins) -> PodAllocation:
         async with self._lock:
             if pod.name in self._pods:
                 raise ValueError(f"pod {pod.name!r} is already admitted")
             allocation = PodAllocation(pod.name)
+            self._inactive.clear()
             self._pods[pod.name] = allocation
             try:
                 await self._admit_containers(pod, allocation, plugins)
@@ -278,7 +297,7 @@ class DeviceManager:
                 _by_numa(ids, views.get(resource)),
                 container.responses[resource].SerializeToString(),
             )
-            for pod in self._pods.values()
+            for pod in [*self._pods.values(), *self._inactive.values()]
             for container in pod.containers.values()
             for resource, ids in container.devices.items()
         ]

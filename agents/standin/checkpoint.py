@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import tempfile
+import uuid
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ class CheckpointEntry:
     response: bytes
 
 
+def pod_uid(pod: str) -> str:
+    """A stable UID for a pod name, as the API server would give it one."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{pod}"))
+
+
 def checkpoint_data(
     entries: Iterable[CheckpointEntry], registered: Mapping[str, Iterable[str]]
 ) -> dict[str, Any]:
@@ -34,7 +40,7 @@ def checkpoint_data(
     data = {
         "PodDeviceEntries": [
             {
-                "PodUID": entry.pod,
+                "PodUID": pod_uid(entry.pod),
                 "ContainerName": entry.container,
                 "ResourceName": entry.resource,
                 "DeviceIDs": {str(numa): ids for numa, ids in entry.devices_by_numa.items()},

@@ -31,6 +31,7 @@ from .admission import (
 )
 from .checkpoint import CHECKPOINT_NAME
 from .endpoint import PluginEndpoint
+from .podresources import PodResourcesServer
 from .registry import PluginRegistry, RegistryPolicy
 from .resources import DeviceState, PluginOptions, Registration, ResourceView
 
@@ -57,8 +58,9 @@ STOP_GRACE_PERIOD = 300.0  # a disconnected resource is dropped from the node af
 class Kubelet:
     """The device-plugin side of a kubelet, in-process, for tests, the demo and benchmarks.
 
-    `checkpoint_on_updates` also renames the checkpoint on every ListAndWatch message and
-    resource drop, as the kubelet's device manager does. `stale_stream_bug` keeps the old
+    `checkpoint_on_updates` (on by default, as in the kubelet's device manager) also
+    renames the checkpoint on every ListAndWatch message and resource drop.
+    `pod_resources_socket` serves the pod-resources API there. `stale_stream_bug` keeps the old
     stream on re-registration and lets its end take the new endpoint down (kubernetes
     issues 121994, 127803).
     """
@@ -71,7 +73,8 @@ class Kubelet:
         use_preferred: bool = True,
         dial_timeout: float = DIAL_TIMEOUT,
         grace_period: float = STOP_GRACE_PERIOD,
-        checkpoint_on_updates: bool = False,
+        checkpoint_on_updates: bool = True,
+        pod_resources_socket: Path | None = None,
         stale_stream_bug: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -81,6 +84,11 @@ class Kubelet:
         self._changed = asyncio.Event()
         self._devices = DeviceManager(
             self.checkpoint_path, random.Random(seed), use_preferred=use_preferred
+        )
+        self.pod_resources = (
+            PodResourcesServer(pod_resources_socket, self._devices.listed)
+            if pod_resources_socket is not None
+            else None
         )
         self._plugins = PluginRegistry(
             self.plugin_dir,
@@ -128,6 +136,8 @@ class Kubelet:
         # Only the kubelet's own user may register plugins.
         self.socket_path.chmod(0o600)
         self._server = server
+        if self.pod_resources is not None:
+            await self.pod_resources.start()
         log.info("kubelet_started", socket=str(self.socket_path))
         self._notify()
 
@@ -137,6 +147,8 @@ class Kubelet:
         if server is not None:
             await server.stop(None)
             self.socket_path.unlink(missing_ok=True)
+        if self.pod_resources is not None:
+            await self.pod_resources.stop()
         await self._plugins.close_all()
         if server is not None:
             log.info("kubelet_stopped", socket=str(self.socket_path))
@@ -188,9 +200,17 @@ class Kubelet:
             self._notify()
 
     async def release(self, pod_name: str) -> None:
-        """The pod is gone: free its devices (the kubelet does not rewrite the checkpoint)."""
+        """The pod is deleted: free its devices (the kubelet does not rewrite the checkpoint)
+        and drop it from pod-resources."""
         if self._devices.release(pod_name):
             log.info("pod_released", pod=pod_name)
+        self._notify()
+
+    async def end(self, pod_name: str) -> None:
+        """The pod ended but is not deleted: its devices are free, pod-resources still
+        lists them (kubernetes issue 119423). `release` deletes it later."""
+        if self._devices.release(pod_name, deleted=False):
+            log.info("pod_ended", pod=pod_name)
         self._notify()
 
     def allocated(self) -> dict[str, set[str]]:
@@ -276,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-preferred", action="store_true", help="never call GetPreferredAllocation"
     )
+    parser.add_argument(
+        "--pod-resources-socket", type=Path, default=None, help="serve pod-resources here"
+    )
     args = parser.parse_args(argv)
     structlog.configure(
         processors=[
@@ -284,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             structlog.dev.ConsoleRenderer(colors=False),
         ]
     )
-    kubelet = Kubelet(args.device_plugin_dir, seed=args.seed, use_preferred=not args.no_preferred)
+    kubelet = Kubelet(
+        args.device_plugin_dir,
+        seed=args.seed,
+        use_preferred=not args.no_preferred,
+        pod_resources_socket=args.pod_resources_socket,
+    )
     asyncio.run(_serve(kubelet))
     return 0
 

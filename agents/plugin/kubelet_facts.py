@@ -1,0 +1,120 @@
+"""What the kubelet tells a plugin besides the calls: its checkpoint file (renames and
+contents) in the device-plugin directory, and the pod-resources API on its own socket."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import structlog
+
+from agents.api import podresources_pb2 as pr
+from agents.api import podresources_pb2_grpc as pr_grpc
+from agents.core.checkpoint import Checkpoint, CheckpointFormatError, parse_checkpoint
+from agents.hw.inotify import Change, DirectoryWatch
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT = "kubelet_internal_checkpoint"
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+POD_RESOURCES_TIMEOUT_S = 1.0
+
+Listing = dict[tuple[str, str], dict[str, list[str]]]  # (namespace/pod, container) -> resource
+
+
+class CheckpointFile:
+    """The checkpoint's renames, counted by an inotify watch of its directory, and its
+    contents read when asked. Small and local: read on the event loop, like the watch."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        self.path = plugin_dir / CHECKPOINT
+        self._watch: DirectoryWatch | None = None
+
+    def changes(self) -> tuple[Checkpoint | None, int] | None:
+        """(contents, renames since the last call), or None when nothing was renamed. The
+        first call reads the file as it is, with 0 renames: the state at start."""
+        if self._watch is None:
+            self._watch = DirectoryWatch(self.path.parent, Change.CREATED | Change.DIR_GONE)
+            writes = 0
+        else:
+            events = self._watch.drain()
+            writes = sum(1 for e in events if e.name == CHECKPOINT and e.change & Change.CREATED)
+            if not writes:
+                return None
+        return self.read(), writes
+
+    def read(self) -> Checkpoint | None:
+        """None when the file is in another format; an empty checkpoint when it is absent."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return Checkpoint({}, {})
+        except OSError as exc:
+            log.warning("checkpoint_unreadable", path=str(self.path), error=str(exc))
+            return None
+        try:
+            return parse_checkpoint(text)
+        except CheckpointFormatError as exc:
+            log.warning("checkpoint_format_unknown", path=str(self.path), error=str(exc))
+            return None
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+
+class PodResources:
+    """A client of the kubelet's v1.PodResourcesLister; None from `list` when it does not
+    answer (no socket, an old kubelet, a timeout), which is logged once."""
+
+    def __init__(self, socket: Path | None, *, timeout: float = POD_RESOURCES_TIMEOUT_S) -> None:
+        self.socket = socket
+        self._timeout = timeout
+        self._channel: grpc.aio.Channel | None = None
+        self._warned = False
+
+    async def list(self) -> Listing | None:
+        if self.socket is None:
+            self._warn("no pod-resources socket configured")
+            return None
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+        try:
+            answer = await pr_grpc.PodResourcesListerStub(self._channel).List(
+                pr.ListPodResourcesRequest(), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            self._warn(f"{exc.code().name}: {exc.details()}")
+            return None
+        except asyncio.CancelledError:
+            raise
+        self._warned = False
+        return _listing(answer)
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "pod_resources_unavailable",
+                socket=str(self.socket),
+                error=why,
+                detail="pod ends are learned late, from the checkpoint and offered devices",
+            )
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+
+
+def _listing(answer: pr.ListPodResourcesResponse) -> Listing:
+    listing: Listing = {}
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            by_resource: dict[str, list[str]] = {}
+            for devices in container.devices:
+                by_resource.setdefault(devices.resource_name, []).extend(devices.device_ids)
+            listing[(f"{pod.namespace}/{pod.name}", container.name)] = by_resource
+    return listing
