@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from agents.daemon import Backends
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
@@ -83,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="write node labels as a feature file at PATH",
+    )
+    run.add_argument(
+        "--pod-resources-socket",
+        type=Path,
+        default=POD_RESOURCES_SOCKET,
+        metavar="PATH",
+        help=f"the kubelet's pod-resources API (default {POD_RESOURCES_SOCKET})",
     )
     run.add_argument("--log-format", choices=("json", "console"), default="console")
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
@@ -157,6 +165,7 @@ async def _serve(
             families,
             metrics_address=opts.metrics_address,
             nfd_features_file=opts.nfd_features_file,
+            pod_resources_socket=opts.pod_resources_socket,
         )
         agent.start()
         log.info("agent_started", plugin_dir=str(plugin_dir), families=list(families))
