@@ -8,6 +8,8 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
+from agents.cli import build_parser
+from agents.config import parse_config
 from tests.deploy.manifests import (
     DAEMONSET_DIR,
     VARIANTS,
@@ -274,10 +276,6 @@ def test_shipped_config_is_the_spec_shape_with_defaults(variant: str) -> None:
 
 
 def test_shipped_config_is_accepted_by_the_agent() -> None:
-    try:
-        from agents.config import parse_config
-    except ImportError:
-        pytest.skip("agents.config.parse_config does not exist yet")
     text = only(render("daemonset"), "ConfigMap")["data"]["config.yaml"]
     config = parse_config(text, "daemonset/base/config.yaml")
     # config.yaml says every value in it is the default; an empty file gives those.
@@ -286,10 +284,6 @@ def test_shipped_config_is_accepted_by_the_agent() -> None:
 
 @variants
 def test_container_args_are_accepted_by_the_agents_command_line(variant: str) -> None:
-    try:
-        from agents.cli import build_parser
-    except ImportError:
-        pytest.skip("agents.cli.build_parser does not exist yet")
     args = agent_container(render(variant))["args"]
     # The image's ENTRYPOINT is node-agent, so args are its whole command line; a flag
     # the agent does not know would exit 2 here as it would crash-loop on every node.

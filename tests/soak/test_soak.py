@@ -25,7 +25,7 @@ from agents.core.xid import APPLICATION_XIDS
 from agents.daemon import Agent, simulated_backends
 from agents.sim.bundled import bundled_node
 from agents.sim.node import parse_node
-from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
+from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod, PodAllocation
 from hack.benchlib.agent import GPU, NIC, AgentProcess
 from hack.benchlib.nodes import write_yaml
 from tests.conditions import async_wait_until
@@ -69,17 +69,40 @@ async def running(work: Path) -> AsyncIterator[tuple[Kubelet, AgentProcess]]:
 def registered_since(kubelet: Kubelet, mark: int) -> bool:
     fresh = {r.resource_name for r in kubelet.registrations[mark:] if r.error is None}
     views = [kubelet.resource(r) for r in RESOURCES]
-    return set(RESOURCES) <= fresh and all(v is not None and v.connected for v in views)
+    # Connected, and the first device list of the new stream is in.
+    return set(RESOURCES) <= fresh and all(
+        v is not None and v.connected and v.healthy() for v in views
+    )
 
 
-async def admit_some(kubelet: Kubelet, rng: random.Random, n: int, prefix: str) -> None:
-    """Admit a pod of GPUs and NICs; release an earlier one when the node is full."""
+def free(kubelet: Kubelet, resource: str) -> set[str]:
+    view = kubelet.resource(resource)
+    healthy = view.healthy() if view is not None else set()
+    return healthy - kubelet.allocated().get(resource, set())
+
+
+async def admit_some(
+    kubelet: Kubelet, rng: random.Random, name: str, live: list[str]
+) -> PodAllocation:
+    """Admit a pod of GPUs and NICs, deleting earlier ones first while it would not fit
+    (the scheduler would not send it); any admission error is the agent's and fails."""
     limits = {GPU: rng.randint(1, 2), NIC: rng.randint(0, 1)}
-    try:
-        await kubelet.admit(Pod(f"{prefix}-{n}", [Container("c", limits)]))
-    except AdmissionError:
-        for name in [f"{prefix}-{i}" for i in range(n)]:
-            await kubelet.release(name)
+    limits = {r: n for r, n in limits.items() if n}
+    while live and any(len(free(kubelet, r)) < n for r, n in limits.items()):
+        await kubelet.release(live.pop(0))
+    allocation = await kubelet.admit(Pod(name, [Container("c", limits)]))
+    live.append(name)
+    got = allocation.containers["c"]
+    # The agent's Allocate answer names exactly the devices it was given.
+    visible = got.responses[GPU].envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert sorted(visible) == sorted(got.devices[GPU])
+    return allocation
+
+
+def advertised(kubelet: Kubelet) -> dict[str, dict[str, str]]:
+    """Every device the agent lists to the kubelet, with its health."""
+    views = {r: kubelet.resource(r) for r in RESOURCES}
+    return {r: {i: d.health for i, d in v.devices.items()} for r, v in views.items() if v}
 
 
 def sockets(plugin_dir: Path) -> set[str]:
@@ -93,12 +116,13 @@ async def test_kubelet_restarts_reregister_every_time_without_leaks(
     rng = random.Random(1)
     expected_sockets = sockets(agent.plugin_dir)
     fds, threads = [agent.fd_count()], [agent.thread_count()]
+    live: list[str] = []
     for n in range(scaled(200)):
         await kubelet.stop()
         mark = len(kubelet.registrations)
         await kubelet.start()
         await kubelet.wait_until(lambda k, m=mark: registered_since(k, m), WAIT)
-        await admit_some(kubelet, rng, n, "restart")
+        await admit_some(kubelet, rng, f"restart-{n}", live)
         assert sockets(agent.plugin_dir) == expected_sockets
         fds.append(agent.fd_count())
         threads.append(agent.thread_count())
@@ -112,8 +136,11 @@ async def test_agent_killed_under_load_comes_back_and_allocations_stay(
 ) -> None:
     kubelet, agent = running
     rng = random.Random(2)
+    live: list[str] = []
+    before = advertised(kubelet)
+    assert all(h == "Healthy" for devices in before.values() for h in devices.values())
     for round_ in range(scaled(20)):
-        load = asyncio.ensure_future(_admit_forever(kubelet, rng, f"r{round_}"))
+        load = asyncio.ensure_future(_admit_forever(kubelet, rng, f"r{round_}", live))
         try:
             await asyncio.sleep(0)  # the admissions are in flight as the agent dies
             agent.stop(signal.SIGKILL)
@@ -121,21 +148,28 @@ async def test_agent_killed_under_load_comes_back_and_allocations_stay(
             load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
-        held = kubelet.allocated()
         stale = sockets(agent.plugin_dir)
         assert {p for p in stale if p.startswith("node-agent-")}, "SIGKILL leaves stale sockets"
         mark = len(kubelet.registrations)
         agent.start()
         await kubelet.wait_until(lambda k, m=mark: registered_since(k, m), WAIT)
-        assert kubelet.allocated() == held
-        await admit_some(kubelet, rng, 0, f"after-{round_}")
+        # The agent comes back with every device, healthy, under the same IDs ...
+        await kubelet.wait_until(lambda k: advertised(k) == before, WAIT)
+        # ... and serves the next pod beside those admitted before it died.
+        held = kubelet.allocated()
+        got = (await admit_some(kubelet, rng, f"after-{round_}", live)).containers["c"]
+        for resource, ids in got.devices.items():
+            assert not set(ids) & held.get(resource, set()), (resource, ids, held)
 
 
-async def _admit_forever(kubelet: Kubelet, rng: random.Random, prefix: str) -> None:
+async def _admit_forever(
+    kubelet: Kubelet, rng: random.Random, prefix: str, live: list[str]
+) -> None:
     n = 0
     while True:
+        # The agent is killed while these are in flight: a failed admission is expected.
         with contextlib.suppress(AdmissionError):
-            await admit_some(kubelet, rng, n, prefix)
+            await admit_some(kubelet, rng, f"{prefix}-{n}", live)
         n += 1
         await asyncio.sleep(0)
 
