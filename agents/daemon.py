@@ -17,6 +17,7 @@ from agents.config import Config
 from agents.core.ledger import GPU, NIC
 from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
+from agents.gpu.resource import GpuResource
 from agents.hw.netlink import LinkMonitor
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
@@ -85,6 +86,13 @@ async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
         host_links.close()
 
 
+def _what(resource: Resource) -> str:
+    """How pairing sees a resource, for its log."""
+    if not isinstance(resource, GpuResource):
+        return "NICs"
+    return "whole GPUs" if resource.whole_gpus else "shared or MIG GPUs"
+
+
 def parse_families(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in FAMILIES]
@@ -123,6 +131,11 @@ class Agent:
     def start(self) -> PluginManager:
         """Discover devices and plan resources. Raises ConfigError or BackendError."""
         b = self.backends
+        pairing = (
+            Pairing(CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket))
+            if self.config.pairing.enabled and {"gpu", "roce"} <= set(self.families)
+            else None
+        )
         if "gpu" in self.families:
             gpu = GpuFamily(
                 b.nvml,
@@ -131,63 +144,36 @@ class Agent:
                 config_source=self.config_source,
                 dev_root=b.dev_root,
                 telemetry=self.telemetry,
+                pairing=pairing.side(GPU) if pairing is not None else None,
             )
             gpu.start()
             self.gpu = gpu
             self.family_objects.append(gpu)
         if "roce" in self.families:
             roce = RoceFamily(
-                b.sysfs, b.links, self.config, dev_root=b.dev_root, telemetry=self.telemetry
+                b.sysfs,
+                b.links,
+                self.config,
+                dev_root=b.dev_root,
+                telemetry=self.telemetry,
+                pairing=pairing.side(NIC) if pairing is not None else None,
             )
             roce.start()
             self.roce = roce
             self.family_objects.append(roce)
         resources: list[Resource] = [r for f in self.family_objects for r in f.resources()]
-        if self.config.pairing.enabled:
-            self.pairing = self._pair()
         prepare = {}
-        if self.pairing is not None:
-            prepare = {
-                name: self.pairing.refresh for name in self.pairing.ledger.resources.values()
-            }
+        if pairing is not None:
+            self.pairing = pairing
+            kinds = {r.name: _what(r) for f in self.family_objects for r in f.resources()}
+            pairing.start(kinds)
+            prepare = {name: pairing.refresh for name in pairing.resources().values()}
         self.manager = PluginManager(
             self.plugin_dir, resources, telemetry=self.telemetry, before_preferred=prepare
         )
         if self.metrics is not None:
             self.metrics.watch_resources(lambda: resources)
         return self.manager
-
-    def _pair(self) -> Pairing | None:
-        """Pair the whole-GPU resource with the NIC resource, when the node has both; say
-        once what is left unpaired otherwise."""
-        gpu, roce = self.gpu, self.roce
-        if gpu is None or roce is None:
-            return None
-        whole = [r for r in gpu.resources() if r.whole_gpus]
-        if len(whole) != 1:
-            log.warning(
-                "pairing_off",
-                reason="no single whole-GPU resource (time-slicing or MIG)",
-                gpu_resources={
-                    r.name: "whole" if r.whole_gpus else "shared or MIG" for r in gpu.resources()
-                },
-                unpaired=[r.name for r in gpu.resources()] + [roce.resources()[0].name],
-            )
-            return None
-        resource, nics = whole[0], roce.resources()[0]
-        by_uuid = {g.uuid: g.location for g in gpu.gpus if g.location is not None}
-        units = {d.id: resource.unit(d.id).gpu_uuid for d in resource.inventory.devices}
-        gpus = {unit: by_uuid[uuid] for unit, uuid in units.items() if uuid in by_uuid}
-        pairing = Pairing(
-            {GPU: resource.name, NIC: nics.name},
-            gpus,
-            {n.pci: n.location for n in roce.nics if n.location is not None},
-            CheckpointFile(self.plugin_dir),
-            PodResources(self.pod_resources_socket),
-        )
-        resource.pairing = pairing.side(GPU)
-        nics.pairing = pairing.side(NIC)
-        return pairing
 
     def serving(self) -> bool:
         """Liveness: every resource's server is up."""

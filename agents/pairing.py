@@ -1,6 +1,10 @@
 """GPU<->NIC pairing wired to the kubelet: the whole-GPU resource and the NIC resource share
 one ledger (agents.core.ledger), fed with the checkpoint before every call and with
-pod-resources before every preferred answer (agents.plugin.kubelet_facts)."""
+pod-resources before every preferred answer (agents.plugin.kubelet_facts).
+
+Built before the families, which get a side each at construction; each side tells where
+its devices are once they are discovered, and again when they change.
+"""
 
 from __future__ import annotations
 
@@ -18,44 +22,70 @@ log = structlog.get_logger(__name__)
 
 
 class Pairing:
-    """The ledger and the facts it is fed with."""
+    """The ledger, the facts it is fed with, and where the devices of each kind are."""
 
-    def __init__(
-        self,
-        resources: Mapping[str, str],  # kind -> resource name
-        gpus: Mapping[str, PciLocation],  # device ID of the whole-GPU resource -> location
-        nics: Mapping[str, PciLocation],  # NIC device ID -> location
-        checkpoint: CheckpointFile,
-        pod_resources: PodResources,
-    ) -> None:
-        self._gpus, self._nics = dict(gpus), dict(nics)
-        self.ledger = Ledger(resources, self._partners(), report=_log_event)
+    def __init__(self, checkpoint: CheckpointFile, pod_resources: PodResources) -> None:
+        self.ledger = Ledger(report=_log_event)
         self._checkpoint = checkpoint
         self._pod_resources = pod_resources
+        self._located: dict[str, tuple[str, dict[str, PciLocation]]] = {}
+        self._started = False
+
+    @property
+    def active(self) -> bool:
+        """Both kinds have a resource with located devices."""
+        return all(self._located.get(k, ("", {}))[1] for k in (GPU, NIC))
+
+    def resources(self) -> dict[str, str]:
+        """Kind -> name of the resource paired, for those that are."""
+        return {kind: name for kind, (name, _) in self._located.items()}
+
+    def located(
+        self, kind: str, resource: str, locations: Mapping[str, PciLocation | None]
+    ) -> None:
+        known = {d: loc for d, loc in locations.items() if loc is not None}
+        if self._located.get(kind) == (resource, known):
+            return
+        self._located[kind] = (resource, known)
+        gpus = self._located.get(GPU, ("", {}))[1]
+        nics = self._located.get(NIC, ("", {}))[1]
+        topology = Topology(gpus, nics)
+        if GPU in self._located:
+            partners = {g: topology.nearest_nics(g) for g in gpus}
+            self.ledger.set_partners(GPU, self._located[GPU][0], partners)
+        if NIC in self._located:
+            partners = {n: topology.nearest_gpus(n) for n in nics}
+            self.ledger.set_partners(NIC, self._located[NIC][0], partners)
+        if self._started:
+            if self.active:
+                self.sync()
+            log.info("pairing_devices_changed", kind=kind, resource=resource, devices=sorted(known))
+
+    def start(self, resources: Mapping[str, str]) -> bool:
+        """The families have started (`resources`: every resource name -> "whole GPUs",
+        "shared or MIG GPUs" or "NICs"): say once what is paired and what is not, and take
+        in the checkpoint as it is. True when pairing is on."""
+        self._started = True
+        paired = set(self.resources().values())
+        unpaired = {name: what for name, what in resources.items() if name not in paired}
+        if not self.active:
+            reason = (
+                "no NIC with a PCI location yet: pairing starts when one appears"
+                if GPU in self._located
+                else "no single whole-GPU resource (time-slicing or MIG): GPUs are not paired"
+            )
+            log.warning("pairing_off", reason=reason, unpaired=unpaired)
+            return False
         self.sync()  # the state at start: what containers already hold
         log.info(
             "pairing_enabled",
-            gpus=len(gpus),
-            nics=len(nics),
-            pod_resources=str(pod_resources.socket) if pod_resources.socket else None,
+            paired=self.resources(),
+            unpaired=unpaired,
+            gpus=len(self._located[GPU][1]),
+            nics=len(self._located[NIC][1]),
+            pod_resources=str(self._pod_resources.socket) if self._pod_resources.socket else None,
         )
-
-    def _partners(self) -> dict[str, dict[str, frozenset[str]]]:
-        topology = Topology(self._gpus, self._nics)
-        return {
-            GPU: {g: topology.nearest_nics(g) for g in self._gpus},
-            NIC: {n: topology.nearest_gpus(n) for n in self._nics},
-        }
-
-    def nics_changed(self, nics: Mapping[str, PciLocation]) -> None:
-        """NICs came or went: pair by the topology as it is now."""
-        if dict(nics) == self._nics:
-            return
-        self._nics = dict(nics)
-        partners = self._partners()
-        self.ledger.set_partners(GPU, partners[GPU])
-        self.ledger.set_partners(NIC, partners[NIC])
-        log.info("pairing_nics_changed", nics=sorted(nics))
+        return True
 
     def sync(self) -> None:
         """Take in checkpoint renames since the last look."""
@@ -65,6 +95,8 @@ class Pairing:
 
     async def refresh(self) -> None:
         """Before a preferred answer: who holds what now, by pod-resources."""
+        if not self.active:
+            return
         self.ledger.pod_resources(await self._pod_resources.list())
 
     def side(self, kind: str) -> PairingSide:
@@ -77,10 +109,13 @@ class Pairing:
 
 @dataclass(frozen=True)
 class PairingSide:
-    """The pairing as one resource sees it."""
+    """The pairing as one resource sees it (agents.core.ledger.PairingSide)."""
 
     pairing: Pairing
     kind: str
+
+    def located(self, resource: str, locations: Mapping[str, PciLocation | None]) -> None:
+        self.pairing.located(self.kind, resource, locations)
 
     def prefer(
         self,
@@ -88,13 +123,16 @@ class PairingSide:
         must_include: Sequence[str],
         size: int,
         costs: PairCosts | None = None,
-    ) -> list[str]:
+    ) -> list[str] | None:
+        if not self.pairing.active:
+            return None
         self.pairing.sync()
         return self.pairing.ledger.prefer(self.kind, available, must_include, size, costs)
 
     def allocated(self, ids: Sequence[str]) -> None:
-        self.pairing.sync()
-        self.pairing.ledger.allocated(self.kind, ids)
+        if self.pairing.active:
+            self.pairing.sync()
+            self.pairing.ledger.allocated(self.kind, ids)
 
 
 def _log_event(event: Event) -> None:

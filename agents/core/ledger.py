@@ -19,11 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agents.core import pairing
 from agents.core.checkpoint import Checkpoint
 from agents.core.pairing import PairView, Partners
 from agents.core.subsets import PairCosts
+from agents.core.topology import PciLocation
 
 GPU, NIC = "gpu", "nic"
 OTHER = {GPU: NIC, NIC: GPU}
@@ -31,6 +33,23 @@ KINDS = (GPU, NIC)
 
 Holding = dict[str, frozenset[str]]  # kind -> device IDs of one container
 Listing = Mapping[tuple[str, str], Mapping[str, Iterable[str]]]  # container -> resource -> IDs
+
+
+class PairingSide(Protocol):
+    """What a resource pairs through: it tells where its devices are, asks for its
+    preferred choice (None: pairing is off, choose alone), and reports what it allocated."""
+
+    def located(self, resource: str, locations: Mapping[str, PciLocation | None]) -> None: ...
+
+    def prefer(
+        self,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        costs: PairCosts | None = None,
+    ) -> list[str] | None: ...
+
+    def allocated(self, ids: Sequence[str]) -> None: ...
 
 
 @dataclass
@@ -57,12 +76,13 @@ class Ledger:
 
     def __init__(
         self,
-        resources: Mapping[str, str],  # kind -> resource name
-        partners: Mapping[str, Mapping[str, frozenset[str]]],  # kind -> device -> partners
+        resources: Mapping[str, str] | None = None,  # kind -> resource name
+        partners: Mapping[str, Mapping[str, frozenset[str]]] | None = None,  # kind -> device ->
         *,
         report: Callable[[Event], None] = lambda event: None,
     ) -> None:
-        self.resources = dict(resources)
+        self.resources = dict(resources or {})
+        partners = partners or {}
         self._partners = {k: Partners(partners.get(k, {})) for k in KINDS}
         self._report = report
         self._open = _Open()
@@ -76,8 +96,12 @@ class Ledger:
         self._gone: set[tuple[str, str]] = set()  # containers seen ended, still listed
         self._reported: set[str] = set()
 
-    def set_partners(self, kind: str, partners: Mapping[str, frozenset[str]]) -> None:
-        """Devices of a kind came or went (a NIC appeared): pair by the new topology."""
+    def set_partners(
+        self, kind: str, resource: str, partners: Mapping[str, frozenset[str]]
+    ) -> None:
+        """The resource of a kind and its devices' partners: at start, and whenever
+        devices come or go (a NIC that appears later gets partners)."""
+        self.resources[kind] = resource
         self._partners[kind] = Partners(partners)
 
     # Facts
@@ -208,9 +232,10 @@ class Ledger:
 
     def _healthy(self, kind: str) -> frozenset[str]:
         every = frozenset(self._partners[kind])
-        if self._registered is None or self.resources[kind] not in self._registered:
+        name = self.resources.get(kind)
+        if self._registered is None or name is None or name not in self._registered:
             return every
-        return every & self._registered[self.resources[kind]]
+        return every & self._registered[name]
 
     def _hedged(
         self,

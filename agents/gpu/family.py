@@ -11,11 +11,12 @@ import structlog
 
 from agents.config import Config
 from agents.core import xid
+from agents.core.ledger import PairingSide
 from agents.core.topology import Distance, distance
 from agents.errors import BackendError
 from agents.gpu.discovery import Gpu, discover, nvlink_counts
 from agents.gpu.plan import plan_resources
-from agents.gpu.resource import AllocateOptions, GpuResource
+from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml, XidEvent
 from agents.hw.sysfs import Sysfs
@@ -38,8 +39,10 @@ class GpuFamily:
         config_source: str,
         dev_root: Path | None = None,
         telemetry: Telemetry | None = None,
+        pairing: PairingSide | None = None,
     ) -> None:
         self._nvml = nvml
+        self._pairing = pairing  # for the whole-GPU resource, when there is exactly one
         self._sysfs = sysfs
         self._config = config
         self._source = config_source
@@ -90,9 +93,22 @@ class GpuFamily:
                 return Distance.NODE if same_numa else Distance.SYS
             return distance(la, lb)
 
+        plans = plan_resources(gpus, self._config, self._source)
+        whole = [p for p in plans if whole_gpus(p)]
+        paired = whole[0] if len(whole) == 1 and self._pairing is not None else None
+        if paired is not None and self._pairing is not None:
+            self._pairing.located(
+                paired.name, {u.id: by_uuid[u.gpu_uuid].location for u in paired.units}
+            )
         return [
-            GpuResource(plan, options, nvlinks=nvlinks, pcie=pcie)
-            for plan in plan_resources(gpus, self._config, self._source)
+            GpuResource(
+                plan,
+                options,
+                nvlinks=nvlinks,
+                pcie=pcie,
+                pairing=self._pairing if plan is paired else None,
+            )
+            for plan in plans
         ]
 
     def _mig_caps(self, gpus: Sequence[Gpu]) -> dict[str, tuple[str, ...]]:

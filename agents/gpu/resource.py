@@ -9,11 +9,11 @@ from itertools import islice
 
 from agents.core import gpu_choice
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
 from agents.gpu.plan import ResourcePlan, Unit
-from agents.pairing import PairingSide
 from agents.plugin.resource import Inventory
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -32,6 +32,11 @@ class AllocateOptions:
     dev_root: str  # "" on a real node; the simulator's root on a simulated one
 
 
+def whole_gpus(plan: ResourcePlan) -> bool:
+    """Whether each device of the plan is one physical GPU (not a replica or MIG instance)."""
+    return not plan.replicated and all(u.visible_id == u.gpu_uuid for u in plan.units)
+
+
 class GpuResource:
     """Serves one GPU resource name (whole GPUs, MIG instances or replicas)."""
 
@@ -42,6 +47,7 @@ class GpuResource:
         *,
         nvlinks: Mapping[frozenset[str], int],
         pcie: Callable[[str, str], Distance],
+        pairing: PairingSide | None = None,
     ) -> None:
         self._name = plan.name
         self.plan = plan
@@ -50,16 +56,14 @@ class GpuResource:
         self._nvlinks = nvlinks  # keyed by physical GPU UUIDs
         self._pcie = pcie  # on physical GPU UUIDs
         self._inventory = Inventory(Device(u.id, True, u.numa) for u in plan.units)
-        self.pairing: PairingSide | None = None  # set when NICs are paired with these GPUs
+        self.pairing = pairing  # the NICs paired with these GPUs, if any
         self._pair_costs: PairCosts | None = None
         self._replicas: _Replicas | None = None
 
     @property
     def whole_gpus(self) -> bool:
         """Whether each device is one physical GPU (not a replica or a MIG instance)."""
-        return not self.plan.replicated and all(
-            u.visible_id == u.gpu_uuid for u in self._units.values()
-        )
+        return whole_gpus(self.plan)
 
     @property
     def name(self) -> str:
@@ -111,7 +115,9 @@ class GpuResource:
         if not self.whole_gpus:
             return self._pack_mig(available, must_include, size)
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._costs())
+            paired = self.pairing.prefer(available, must_include, size, self._costs())
+            if paired is not None:
+                return paired
         return gpu_choice.choose(available, must_include, size, self._costs())
 
     def _costs(self) -> PairCosts:

@@ -16,6 +16,7 @@ import structlog
 
 from agents.config import Config
 from agents.core.debounce import Debouncer
+from agents.core.ledger import PairingSide
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.plugin.telemetry import NoTelemetry, Telemetry
@@ -44,6 +45,7 @@ class RoceFamily:
         dev_root: Path | None = None,
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pairing: PairingSide | None = None,
     ) -> None:
         self._sysfs = sysfs
         self._links = links
@@ -52,7 +54,10 @@ class RoceFamily:
         self._clock = clock
         self._health: Debouncer[str, bool] = Debouncer(FLAP_HOLD_S)
         self._resource = RoceResource(
-            config.roce.resource_name, [], dev_root="" if dev_root is None else str(dev_root)
+            config.roce.resource_name,
+            [],
+            dev_root="" if dev_root is None else str(dev_root),
+            pairing=pairing,
         )
         self._nics: list[Nic] = []
         self._pushed: tuple[list[Nic], dict[str, bool]] | None = None  # last set_nics

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
-from agents.pairing import PairingSide
 from agents.plugin.resource import Inventory
 from agents.roce.discovery import Nic
 
@@ -16,12 +16,19 @@ NETDEVS_ENV = "RDMA_NETDEVS"
 
 
 class RoceResource:
-    def __init__(self, name: str, nics: Sequence[Nic], *, dev_root: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        nics: Sequence[Nic],
+        *,
+        dev_root: str = "",
+        pairing: PairingSide | None = None,
+    ) -> None:
         self._name = name
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
         self._inventory = Inventory()
-        self.pairing: PairingSide | None = None  # set when these NICs are paired with GPUs
+        self.pairing = pairing  # the GPUs paired with these NICs, if any
         self._pair_costs: PairCosts | None = None
         self.set_nics(nics, {n.pci: True for n in nics})
 
@@ -36,6 +43,8 @@ class RoceResource:
     def set_nics(self, nics: Sequence[Nic], healthy: Mapping[str, bool]) -> bool:
         """Advertise exactly these NICs with this health; True if the list changed."""
         self.nics = {n.pci: n for n in nics}
+        if self.pairing is not None:
+            self.pairing.located(self._name, {n.pci: n.location for n in nics})
         return self._inventory.replace(
             Device(n.pci, healthy.get(n.pci, False), n.numa) for n in nics
         )
@@ -58,7 +67,9 @@ class RoceResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         if self.pairing is not None:
-            return self.pairing.prefer(available, must_include, size, self._costs())
+            paired = self.pairing.prefer(available, must_include, size, self._costs())
+            if paired is not None:
+                return paired
         # Without a GPU partner: stay on the NUMA node of what is already chosen.
         numas = {self.nics[i].numa for i in must_include}
         rest = sorted(
