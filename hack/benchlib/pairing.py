@@ -327,15 +327,10 @@ class AgentUnderTest:
     async def _spawn(self) -> None:
         args = ["--simulate", str(self.node_file), "--device-plugin-dir", str(self.plugin_dir)]
         args += ["--pod-resources-socket", str(self.socket or self.plugin_dir / "none.sock")]
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agents.cli",
-            "run",
-            *args,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        with (self.plugin_dir.parent / "agent.log").open("a") as log:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agents.cli", "run", *args, stdout=log, stderr=log
+            )
 
     async def kill_and_restart(self, kubelet: Kubelet) -> None:
         assert self._process is not None
@@ -344,7 +339,11 @@ class AgentUnderTest:
         # What the kubelet sees of a crashed plugin: its streams end.
         await kubelet.wait_until(lambda k: not any(_connected(k, r) for r in (GPU, NIC)), 30)
         await self._spawn()
-        await kubelet.wait_until(_ready, 30)
+        try:
+            await kubelet.wait_until(_ready, 30)
+        except TimeoutError as exc:
+            tail = (self.plugin_dir.parent / "agent.log").read_text()[-2000:]
+            raise TimeoutError(f"{exc}; the agent's log ends: {tail}") from exc
 
     async def stop(self) -> None:
         self._stop.set()
