@@ -91,7 +91,7 @@ class PodResources:
         except asyncio.CancelledError:
             raise
         self._warned = False
-        return _listing(answer)
+        return listing_of(answer)
 
     def _warn(self, why: str) -> None:
         if not self._warned:
@@ -109,7 +109,7 @@ class PodResources:
             await channel.close()
 
 
-def _listing(answer: pr.ListPodResourcesResponse) -> Listing:
+def listing_of(answer: pr.ListPodResourcesResponse) -> Listing:
     listing: Listing = {}
     for pod in answer.pod_resources:
         for container in pod.containers:

@@ -14,8 +14,10 @@ from typing import Any
 
 import grpc
 import pytest
+import structlog.testing
 
 from agents.api import api_pb2, api_pb2_grpc
+from agents.plugin.kubelet_facts import PodResources, listing_of
 from agents.standin.checkpoint import read_checkpoint
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from tests.conditions import async_wait_until
@@ -408,14 +410,15 @@ async def test_admit_asks_preferred_then_allocates_and_renames_checkpoint_once_p
             Container("one", {GPU: 1}),
         ],
     )
+    writes = kubelet.checkpoint_writes  # one per device-list update so far
     allocation = await kubelet.admit(pod)
 
-    assert kubelet.checkpoint_writes == 2
+    assert kubelet.checkpoint_writes == writes + 2
     # GPU and NIC of "both" saw one file; "one" saw the rename after "both"; then one more.
     both_gpu, one_gpu = gpu.checkpoints_seen
     (both_nic,) = nic.checkpoints_seen
-    assert both_gpu == both_nic is None
-    assert one_gpu is not None
+    assert both_gpu == both_nic
+    assert one_gpu not in (None, both_gpu)
     assert kubelet.checkpoint_path.read_bytes() not in (None, one_gpu)
     assert [name for name, _ in gpu.calls[1:]] == ["GetPreferredAllocation", "Allocate"] * 2
     assert [name for name, _ in nic.calls[1:]] == ["GetPreferredAllocation", "Allocate"]
@@ -667,3 +670,53 @@ async def test_command_line_serves_until_sigterm(tmp_path: Path) -> None:
     assert process.returncode == 0, output.decode()
     assert b"socket_removed" in output
     assert os.listdir(tmp_path) == []
+
+
+# Pod-resources
+
+
+async def test_pod_resources_lists_the_pod_under_admission_and_ended_pods_until_deleted(
+    tmp_path: Path, plugin: PluginFactory
+) -> None:
+    kubelet = Kubelet(tmp_path, seed=3, pod_resources_socket=tmp_path / "pr.sock")
+    await kubelet.start()
+    client = PodResources(tmp_path / "pr.sock")
+    try:
+        gpu = await registered(kubelet, await plugin("gpu", GPU, healthy("g0", "g1", "g2")))
+        nic = await registered(kubelet, await plugin("nic", NIC, healthy("n0", "n1")))
+        seen: list[dict[tuple[str, str], dict[str, list[str]]]] = []
+
+        def listing_then_first(available: list[str], must: list[str], size: int) -> list[str]:
+            assert kubelet.pod_resources is not None
+            seen.append(listing_of(kubelet.pod_resources.answer()))
+            return _first_sorted(available, must, size)
+
+        gpu.preferred = nic.preferred = listing_then_first
+        a = await kubelet.admit(Pod("a", [Container("main", {GPU: 2, NIC: 1})]))
+        first, second = a.containers["main"].order
+        # While its second resource was chosen, the pod was listed with its first so far.
+        assert seen[0] == {("default/a", "main"): {}}
+        assert seen[1] == {("default/a", "main"): {first: sorted(a.devices("main", first))}}
+        assert await client.list() == {
+            ("default/a", "main"): {r: sorted(a.devices("main", r)) for r in (first, second)}
+        }
+
+        await kubelet.end("a")  # ended, not deleted: its devices are free, still listed
+        assert kubelet.allocated() == {}
+        assert ("default/a", "main") in (await client.list() or {})
+        await kubelet.release("a")  # deleted: gone at once
+        assert await client.list() == {}
+    finally:
+        await client.close()
+        await kubelet.stop()
+
+
+async def test_pod_resources_client_without_a_socket_answers_none_and_warns_once(
+    tmp_path: Path,
+) -> None:
+    client = PodResources(tmp_path / "absent.sock", timeout=1.0)
+    with structlog.testing.capture_logs() as logs:
+        assert await client.list() is None
+        assert await client.list() is None
+    await client.close()
+    assert [e["event"] for e in logs] == ["pod_resources_unavailable"]
