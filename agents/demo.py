@@ -35,13 +35,21 @@ class Demo:
         self.plugin_dir = work / "device-plugins"
         self.plugin_dir.mkdir()
         self.out = out
-        self.kubelet = Kubelet(self.plugin_dir, seed=7)
+        # The kubelet's pod-resources API too, as on a real node.
+        self.pod_resources = work / "pod-resources.sock"
+        self.kubelet = Kubelet(self.plugin_dir, seed=7, pod_resources_socket=self.pod_resources)
 
     async def run(self) -> None:
         stop = asyncio.Event()
         await self.kubelet.start()
         async with simulated_backends(self.node_file) as backends:
-            agent = Agent(Config.default(), "<defaults>", self.plugin_dir, backends)
+            agent = Agent(
+                Config.default(),
+                "<defaults>",
+                self.plugin_dir,
+                backends,
+                pod_resources_socket=self.pod_resources,
+            )
             agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
