@@ -136,4 +136,4 @@ class PairingSide:
 
 
 def _log_event(event: Event) -> None:
-    log.warning(event.name, **event.data)
+    (log.warning if event.warning else log.info)(event.name, **event.data)

@@ -65,10 +65,11 @@ class _Open:
 
 @dataclass(frozen=True)
 class Event:
-    """Something the caller may want to log once: a name and its data."""
+    """Something for the caller to log: a name and its data."""
 
     name: str
     data: Mapping[str, object]
+    warning: bool = True  # else informational
 
 
 class Ledger:
@@ -197,7 +198,7 @@ class Ledger:
         this = self._open.devices[kind]
         if not this & offered:
             return
-        self._once("pairing_container_abandoned", devices=sorted(this))
+        self._report(Event("pairing_container_abandoned", {"devices": sorted(this)}, False))
         other = OTHER[kind]
         if self._open.at[other] < self._open.at[kind]:
             self._open = _Open()
