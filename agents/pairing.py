@@ -66,7 +66,7 @@ class Pairing:
         "shared or MIG GPUs" or "NICs"): say once what is paired and what is not, and take
         in the checkpoint as it is. True when pairing is on."""
         self._started = True
-        paired = set(self.resources().values())
+        paired = set(self.resources().values()) if self.active else set()
         unpaired = {name: what for name, what in resources.items() if name not in paired}
         if not self.active:
             reason = (

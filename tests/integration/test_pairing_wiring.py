@@ -1,0 +1,62 @@
+"""How pairing is wired into the agent: what it says when it cannot pair, and NICs that
+appear after the start getting partners."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import structlog.testing
+import yaml
+
+from agents.config import parse_config
+from agents.core.ledger import GPU, NIC
+from agents.core.topology import PciLocation
+from agents.daemon import Agent, simulated_backends
+from agents.pairing import Pairing
+from agents.plugin.kubelet_facts import CheckpointFile, PodResources
+from agents.sim.bundled import bundled_node
+from hack.benchlib.nodes import sharing_config
+
+
+async def test_time_slicing_turns_pairing_off_and_says_once_what_is_unpaired(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node.yaml"
+    shutil.copy(bundled_node("h100-8gpu-8nic"), node)
+    config = parse_config(yaml.safe_dump(sharing_config(4)), "<test>")
+    with structlog.testing.capture_logs() as logs:
+        async with simulated_backends(node) as backends:
+            agent = Agent(config, "<test>", tmp_path, backends)
+            agent.start()
+            assert agent.pairing is not None and not agent.pairing.active
+    off = [e for e in logs if e["event"] == "pairing_off"]
+    assert len(off) == 1
+    assert off[0]["log_level"] == "warning"
+    assert off[0]["unpaired"] == {"nvidia.com/gpu": "shared or MIG GPUs", "rdma/roce": "NICs"}
+    assert "time-slicing" in off[0]["reason"]
+
+
+def _location(switch: int, device: int) -> PciLocation:
+    """A function behind PCIe switch `switch` (its own downstream port) on one host bridge."""
+    root, up = f"0000:{switch:02x}:01.0", f"0000:{switch + 1:02x}:00.0"
+    port = f"0000:{switch + 2:02x}:{device:02x}.0"
+    address = f"0000:{switch + 3 + device:02x}:00.0"
+    return PciLocation(address, (root, up, port), "pci0000:00", 0)
+
+
+async def test_a_nic_that_appears_later_gets_partners(tmp_path: Path) -> None:
+    pairing = Pairing(CheckpointFile(tmp_path), PodResources(None))
+    try:
+        gpu, nic = pairing.side(GPU), pairing.side(NIC)
+        gpu.located("nvidia.com/gpu", {"g0": _location(0x10, 0), "g1": _location(0x20, 0)})
+        nic.located("rdma/roce", {})
+        assert not pairing.start({"nvidia.com/gpu": "whole GPUs", "rdma/roce": "NICs"})
+        assert nic.prefer(["n0"], [], 1) is None  # off: the resource chooses alone
+        nic.located("rdma/roce", {"n0": _location(0x10, 1)})  # on g0's switch
+        assert pairing.active
+        nic.located("rdma/roce", {"n0": _location(0x10, 1), "n1": _location(0x20, 1)})
+        gpu.allocated(["g1"])
+        assert nic.prefer(["n0", "n1"], [], 1) == ["n1"]  # g1's own switch, new partner
+    finally:
+        await pairing.close()
