@@ -183,6 +183,8 @@ class Agent:
         """Serve until `stop` is set; any task failing stops the rest and is raised."""
         manager = self.manager or self.start()
         coros = [manager.run(stop), *(f.run(stop) for f in self.family_objects)]
+        if self.pairing is not None:
+            coros.append(self.pairing.run(stop))
         if self.backends.simulated is not None:
             coros.append(self.backends.simulated.run(stop))
         if self.nfd_features_file is not None:

@@ -8,6 +8,7 @@ its devices are once they are discovered, and again when they change.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,22 @@ class Pairing:
         change = self._checkpoint.changes()
         if change is not None:
             self.ledger.checkpoint(*change)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take in each checkpoint rename as it happens, until `stop` is set."""
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                change = asyncio.ensure_future(self._checkpoint.next_change())
+                await asyncio.wait([change, stopped], return_when=asyncio.FIRST_COMPLETED)
+                if not change.done():
+                    change.cancel()
+                    break
+                read = change.result()
+                if read is not None:
+                    self.ledger.checkpoint(*read)
+        finally:
+            stopped.cancel()
 
     async def refresh(self) -> None:
         """Before a preferred answer: who holds what now, by pod-resources."""

@@ -12,7 +12,7 @@ import structlog
 from agents.api import podresources_pb2 as pr
 from agents.api import podresources_pb2_grpc as pr_grpc
 from agents.core.checkpoint import Checkpoint, CheckpointFormatError, parse_checkpoint
-from agents.hw.inotify import Change, DirectoryWatch
+from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 
 log = structlog.get_logger(__name__)
 
@@ -30,22 +30,30 @@ class CheckpointFile:
     def __init__(self, plugin_dir: Path) -> None:
         self.path = plugin_dir / CHECKPOINT
         self._watch: DirectoryWatch | None = None
+        self.reads = 0
 
     def changes(self) -> tuple[Checkpoint | None, int] | None:
         """(contents, renames since the last call), or None when nothing was renamed. The
         first call reads the file as it is, with 0 renames: the state at start."""
         if self._watch is None:
             self._watch = DirectoryWatch(self.path.parent, Change.CREATED | Change.DIR_GONE)
-            writes = 0
-        else:
-            events = self._watch.drain()
-            writes = sum(1 for e in events if e.name == CHECKPOINT and e.change & Change.CREATED)
-            if not writes:
-                return None
-        return self.read(), writes
+            return self.read(), 0
+        return self._counted(self._watch.drain())
+
+    async def next_change(self) -> tuple[Checkpoint | None, int] | None:
+        """Wait for the next renames and read the file at once: read rename by rename, the
+        contents tell each write apart (several renames read together may not be)."""
+        if self._watch is None:
+            return self.changes()
+        return self._counted(await self._watch.next_batch())
+
+    def _counted(self, events: list[FsEvent]) -> tuple[Checkpoint | None, int] | None:
+        writes = sum(1 for e in events if e.name == CHECKPOINT and e.change & Change.CREATED)
+        return (self.read(), writes) if writes else None
 
     def read(self) -> Checkpoint | None:
         """None when the file is in another format; an empty checkpoint when it is absent."""
+        self.reads += 1
         try:
             text = self.path.read_text()
         except FileNotFoundError:

@@ -3,6 +3,7 @@ appear after the start getting partners."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from agents.daemon import Agent, simulated_backends
 from agents.pairing import Pairing
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.sim.bundled import bundled_node
+from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, write_checkpoint
 from hack.benchlib.nodes import sharing_config
+from tests.conditions import async_wait_until
 
 
 async def test_time_slicing_turns_pairing_off_and_says_once_what_is_unpaired(
@@ -59,4 +62,42 @@ async def test_a_nic_that_appears_later_gets_partners(tmp_path: Path) -> None:
         gpu.allocated(["g1"])
         assert nic.prefer(["n0", "n1"], [], 1) == ["n1"]  # g1's own switch, new partner
     finally:
+        await pairing.close()
+
+
+async def test_update_writes_that_flip_health_back_do_not_end_the_container(
+    tmp_path: Path,
+) -> None:
+    """A real kubelet takes long between a container's resources; another plugin's health
+    may flip and flip back meanwhile: two renames, and RegisteredDevices as it was."""
+    checkpoint = CheckpointFile(tmp_path)
+    pairing = Pairing(checkpoint, PodResources(None))
+    gpus = {f"g{i}": _location(0x10 * (i + 1), 0) for i in range(4)}
+    nics = {f"n{i}": _location(0x10 * (i + 1), 1) for i in range(4)}
+    registered = {"nvidia.com/gpu": list(gpus), "rdma/roce": list(nics), "x/fpga": ["f0"]}
+
+    def write(entries: list[CheckpointEntry], fpga: list[str]) -> None:
+        write_checkpoint(checkpoint.path, checkpoint_data(entries, {**registered, "x/fpga": fpga}))
+
+    write([], ["f0"])
+    gpu, nic = pairing.side(GPU), pairing.side(NIC)
+    gpu.located("nvidia.com/gpu", gpus)
+    nic.located("rdma/roce", nics)
+    assert pairing.start({"nvidia.com/gpu": "whole GPUs", "rdma/roce": "NICs"})
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(pairing.run(stop))
+    try:
+        got = gpu.prefer(sorted(gpus), [], 1)
+        assert got is not None
+        gpu.allocated(got)  # the container's first resource
+        held = [CheckpointEntry("pod", "main", "nvidia.com/gpu", {0: got}, b"")]
+        for fpga in ([], ["f0"]):  # flip, flip back: each rename read as it comes
+            reads = checkpoint.reads
+            write(held, fpga)
+            await async_wait_until(lambda r=reads: checkpoint.reads > r, 5.0, "rename read")
+        partner = {f"n{got[0][1:]}"}
+        assert set(nic.prefer(sorted(nics), [], 1) or []) == partner
+    finally:
+        stop.set()
+        await task
         await pairing.close()
