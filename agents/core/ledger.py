@@ -96,6 +96,8 @@ class Ledger:
         self._own: list[Holding] = []  # closed containers, when the file cannot be read
         self._gone: set[tuple[str, str]] = set()  # containers seen ended, still listed
         self._reported: set[str] = set()
+        self._open_keys: set[tuple[str, str]] | None = None  # listed when it opened
+        self._doubtful = False  # renames read together may have ended it
 
     def set_partners(
         self, kind: str, resource: str, partners: Mapping[str, frozenset[str]]
@@ -123,8 +125,14 @@ class Ledger:
         ends = writes - (1 if changed else 0)
         self._file_readable, self._checkpoint = True, document
         self._registered = document.registered
-        if ends > 0:
-            self._close()
+        if ends <= 0:
+            return
+        if writes > 1 and self._open and self._open_keys is not None:
+            # Renames read together: health flipped and back looks like an end. Let
+            # pod-resources say at the next call whether another pod's admission began.
+            self._doubtful = True
+            return
+        self._close()
 
     def pod_resources(self, listing: Listing | None) -> None:
         """What pod-resources lists now (None: it did not answer)."""
@@ -140,6 +148,9 @@ class Ledger:
     # Calls
 
     def allocated(self, kind: str, ids: Sequence[str]) -> None:
+        self._settle()
+        if not self._open and self._listing is not None:
+            self._open_keys = set(self._listing)
         self._allocations += 1
         if self._open.devices[kind]:
             # Same resource twice in one container cannot happen: a boundary was missed.
@@ -159,6 +170,7 @@ class Ledger:
         size: int,
         costs: PairCosts | None,
     ) -> list[str]:
+        self._settle()
         other = OTHER[kind]
         offered = frozenset(available) - frozenset(must_include)
         self._abandoned(kind, offered)
@@ -183,7 +195,17 @@ class Ledger:
 
     # Decisions
 
+    def _settle(self) -> None:
+        """A doubtful end is an end when a pod not listed at the container's start is
+        listed now: the kubelet has begun admitting it."""
+        if not self._doubtful:
+            return
+        self._doubtful = False
+        if self._listing is None or self._open_keys is None or set(self._listing) - self._open_keys:
+            self._close()
+
     def _close(self) -> None:
+        self._doubtful, self._open_keys = False, None
         if not self._open:
             return
         self.containers += 1

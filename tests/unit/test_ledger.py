@@ -212,3 +212,33 @@ def test_parse_checkpoint_reads_the_kubelet_format() -> None:
     assert document.holdings[GPU_RES] == {(pod_uid("uid-1"), "main"): frozenset({"g0", "g1"})}
     assert document.held(NIC_RES) == {"n0"}
     assert document.registered == {GPU_RES: frozenset({"g0", "g2"})}
+
+
+def _listed(node: Node, admitting: str) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """What pod-resources lists: live pods, and the pod being admitted (devices so far)."""
+    return {(admitting, "main"): {}, **node.listing()}
+
+
+def test_renames_read_together_that_flip_health_back_keep_the_container_with_pod_resources() -> (
+    None
+):
+    node = Node(ONE_TO_ONE)
+    node.admit("a", (GPU, 1))
+    node.ledger.pod_resources(_listed(node, "b"))
+    gpus = node.ask("b", GPU, 2)
+    node.flap()
+    node.flap()  # flipped back: two renames, RegisteredDevices as it was
+    node.ledger.pod_resources(_listed(node, "b"))  # no other pod began
+    nics = node.ask("b", NIC, 2)
+    assert paired(node, {GPU: gpus, NIC: nics})
+
+
+def test_renames_read_together_end_the_container_when_another_pod_is_listed() -> None:
+    node = Node(ONE_TO_ONE)
+    node.ledger.pod_resources(_listed(node, "a"))
+    gpu = node.ask("a", GPU, 1)
+    node.write()  # end of a (GPU only) ...
+    node.flap()
+    node.flap()  # ... and two updates, all read together
+    node.ledger.pod_resources(_listed(node, "b"))  # b's admission has begun
+    assert set(node.ask("b", NIC, 1)) != ONE_TO_ONE[GPU][gpu[0]]
