@@ -67,7 +67,6 @@ class PluginManager:
                 f"bytes; {longest} is {len(os.fsencode(longest))}",
             )
         self._unregistered: set[str] = set(self.servers)
-        self._watch: DirectoryWatch | None = None
         self._wake = asyncio.Event()
         self.registrations = 0
         # kubelet.sock's inode at each resource's last Register: a creation event for a
@@ -94,13 +93,11 @@ class PluginManager:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and register until `stop` is set; then stop every server (sockets removed)."""
         with DirectoryWatch(self.plugin_dir) as watch:
-            self._watch = watch
             try:
                 for server in self.servers.values():
                     await server.start()
                 await self._loop(watch, stop)
             finally:
-                self._watch = None
                 for server in self.servers.values():
                     await server.stop()
                 log.info("plugins_stopped", resources=sorted(self.servers))
