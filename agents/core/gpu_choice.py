@@ -108,9 +108,14 @@ def spread_over(
     *,
     gpu_of: Callable[[str], str],
     in_use: Mapping[str, int],
+    packed: bool = False,
 ) -> list[str]:
     """The choice of `spread_replicas`, from each GPU's free replicas other than
-    `must_include`, lowest number first; the first `size` of each are enough."""
+    `must_include`, lowest number first; the first `size` of each are enough.
+
+    `packed` turns the spreading round: each next replica comes from the GPU with the
+    most replicas in use, this request's included, so that other GPUs stay free.
+    """
     picked = list(must_include)
     mine = Counter(gpu_of(r) for r in picked)
     # Every replica of one GPU ranks alike, so the choice is a GPU, then its lowest
@@ -118,6 +123,8 @@ def spread_over(
     queues = {gpu: list(reversed(free)) for gpu, free in free_by_gpu.items() if free}
 
     def rank(gpu: str) -> tuple[int, int, str]:
+        if packed:
+            return (-(in_use.get(gpu, 0) + mine[gpu]), 0, gpu)
         return (mine[gpu], in_use.get(gpu, 0) + mine[gpu], gpu)
 
     while len(picked) < size:

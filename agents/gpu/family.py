@@ -70,9 +70,7 @@ class GpuFamily:
     def _build(self, gpus: Sequence[Gpu]) -> list[GpuResource]:
         flags = self._config.flags
         options = AllocateOptions(
-            envvar="envvar" in flags.device_list_strategy,
-            cdi="cdi-cri" in flags.device_list_strategy,
-            pass_device_specs=flags.pass_device_specs,
+            flags=flags,
             fail_requests_greater_than_one=(
                 self._config.sharing.time_slicing.fail_requests_greater_than_one
             ),

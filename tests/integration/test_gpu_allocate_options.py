@@ -21,9 +21,9 @@ from agents.config import Config
 from agents.core.topology import Distance, distance
 from agents.daemon import Agent, Backends
 from agents.errors import BackendError
+from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import GPU_RESOURCE
-from agents.gpu.resource import VISIBLE_DEVICES
 from agents.hw.nvml_backend import NvmlBackend
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
