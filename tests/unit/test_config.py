@@ -281,7 +281,6 @@ def test_plugin_and_flat_flags_are_the_same_settings(flags: str, expected: Flags
     assert parse_config(f"flags: {flags}\n", "c.yaml").flags == expected
 
 
-
 @pytest.mark.parametrize(
     ("time_slicing", "resource", "advertised"),
     [
