@@ -121,7 +121,7 @@ def _run(opts: argparse.Namespace) -> int:
     config = load_config(opts.config) if opts.config else Config.default()
     families = parse_families(opts.families)
     for key in config.ignored_keys:
-        log.info("config_key_ignored", key=key, reason="accepted for compatibility, no effect")
+        log.warning("config_key_ignored", key=key, reason="accepted for compatibility, no effect")
     source = str(opts.config) if opts.config else "<defaults>"
     opts.device_plugin_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -263,6 +263,8 @@ def _list_unused(flat: Section, plugin: Section, flags: Flags) -> None:
     unused = list[tuple[Section, str]]()
     if not flags.pass_device_specs or flags.only_cdi:
         unused += [(flat, key) for key in _ROOT_KEYS]
+    elif flags.nvidia_dev_root is not None:
+        unused.append((flat, "nvidiaDriverRoot"))  # the device nodes' root overrides it
     if "cdi-annotations" not in flags.device_list_strategy:
         unused += [(s, "cdiAnnotationPrefix") for s in (flat, plugin)]
     flat.ignored.extend(s.at(key) for s, key in unused if s.has(key))

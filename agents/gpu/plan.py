@@ -102,6 +102,9 @@ def _shared(name: str, units: list[Unit], config: Config) -> ResourcePlan:
     if entry is None:
         return ResourcePlan(name, tuple(units), replicated=False)
     renamed = sharing.advertised_name(name)
+    if entry.rename is not None:
+        # Honoured here although the v1 format's own plugin ignores it: say so once.
+        log.info("resource_renamed", resource=name, advertised=renamed, key="rename")
     replicas = tuple(
         Unit(f"{u.id}{REPLICA_SEPARATOR}{n}", u.gpu_uuid, u.visible_id, u.numa, n, u.index)
         for u in units

@@ -167,6 +167,7 @@ def test_every_established_key_is_read_and_inert_ones_are_listed() -> None:
     assert set(config.ignored_keys) == {
         *(f"flags.plugin.{k}" for k in ("nvidiaCTKPath", "containerDriverRoot")),
         *(f"flags.{k}" for k in ("mpsRoot", "useNodeFeatureAPI", "deviceDiscoveryStrategy")),
+        "flags.nvidiaDriverRoot",  # nvidiaDevRoot is given: the device nodes are there
         *(f"flags.gfd.{k}" for k in ("oneshot", "noTimestamp", "sleepInterval")),
         *(f"flags.gfd.{k}" for k in ("outputFile", "machineTypeFile")),
         "resources.gpus",
@@ -188,6 +189,10 @@ def test_every_established_key_is_read_and_inert_ones_are_listed() -> None:
             ["flags.nvidiaDevRoot"],
         ),
         ("flags: {nvidiaDriverRoot: /run/nvidia/driver, passDeviceSpecs: true}", []),
+        (
+            "flags: {nvidiaDriverRoot: /a, nvidiaDevRoot: /b, passDeviceSpecs: true}",
+            ["flags.nvidiaDriverRoot"],
+        ),
         ("flags: {plugin: {cdiAnnotationPrefix: a.b/}}", ["flags.plugin.cdiAnnotationPrefix"]),
         (
             "flags: {plugin: {cdiAnnotationPrefix: a.b/, deviceListStrategy: cdi-annotations}}",
@@ -212,6 +217,7 @@ def test_every_established_key_is_read_and_inert_ones_are_listed() -> None:
         "driver-root-without-device-specs",
         "dev-root-with-cdi-only",
         "driver-root-with-device-specs",
+        "driver-root-under-a-dev-root",
         "annotation-prefix-without-cdi-annotations",
         "annotation-prefix-with-cdi-annotations",
         "devices-all",
