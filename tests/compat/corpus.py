@@ -53,8 +53,8 @@ class Case:
 def load_cases() -> list[Case]:
     raw: list[dict[str, Any]] = yaml.safe_load((HERE / "cases.yaml").read_text())
     cases = []
-    for item in raw:
-        item = dict(item)
+    for given in raw:
+        item = dict(given)
         config = CONFIGS / item.pop("config")
         item.setdefault("name", config.stem)
         item["allocate"] = tuple(Request(**r) for r in item.get("allocate", ()))
@@ -179,3 +179,15 @@ def unordered(fields: dict[str, Any]) -> dict[str, Any]:
     for name in LIST_FIELDS:
         out[name] = sorted(fields[name], key=repr)
     return out
+
+
+SIM_ROOT = re.compile(r"^(/.*/node-agent-sim-[^/]+)/")
+
+
+def simulator_root(fields: dict[str, Any]) -> str:
+    """The simulator's root as the host paths of an answer show it ("" if none does)."""
+    for spec in fields["devices"]:
+        found = SIM_ROOT.match(spec["host_path"])
+        if found:
+            return found.group(1)
+    return ""
