@@ -82,10 +82,11 @@ def spread_replicas(
     *,
     gpu_of: Callable[[str], str],
     in_use: Mapping[str, int],
+    packed: bool = False,
 ) -> list[str]:
     """`size` replicas, `must_include` among them, each next one on a GPU this
     request does not use yet where possible, then on the least loaded GPU; of one
-    GPU, the lowest replica number first.
+    GPU, the lowest replica number first (`packed`: see `spread_over`).
 
     `in_use` counts the replicas of each GPU held by other containers.
     """
@@ -93,7 +94,7 @@ def spread_replicas(
     free_by_gpu: dict[str, list[str]] = {}
     for replica in sorted(set(available_replicas) - set(must_include), key=replica_order):
         free_by_gpu.setdefault(gpu_of(replica), []).append(replica)
-    return spread_over(free_by_gpu, must_include, size, gpu_of=gpu_of, in_use=in_use)
+    return spread_over(free_by_gpu, must_include, size, gpu_of=gpu_of, in_use=in_use, packed=packed)
 
 
 def replica_order(replica: str) -> tuple[int, str]:
