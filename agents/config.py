@@ -173,7 +173,7 @@ def parse_config(text_: str, source: str) -> Config:
 
 def _config(raw: object) -> Config:
     top = Section(raw, "", _TOP_KEYS, ignored=[])
-    version = top.value("version", one_of(("v1",)), "v1")
+    version = top.value("version", _version, "v1")
     flags = _flags(top.section("flags", _FLAG_KEYS))
     sharing = Sharing(_shared(top.section("sharing", ("timeSlicing", "mps"))))
     _ignore_pattern_renames(top.section("resources", ("gpus", "mig")))
@@ -185,6 +185,11 @@ def _config(raw: object) -> Config:
     return Config(
         version, flags, sharing, roce, pairing, Health(frozenset(xids)), tuple(top.ignored)
     )
+
+
+def _version(value: object) -> str:
+    """v1; an empty version means v1 too, as in the v1 format."""
+    return "v1" if value == "" else one_of(("v1",))(value)
 
 
 _TOP_KEYS = ("version", "flags", "sharing", "roce", "pairing", "health", "resources", "imex")

@@ -123,7 +123,9 @@ def test_spec_example_parses_to_the_documented_values() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "# only a comment\n", "---\n", "{}\n"], ids=["empty", "comment", "marker", "map"]
+    "text",
+    ["", "# only a comment\n", "---\n", "{}\n", "version: ''\n", "version: v1\n"],
+    ids=["empty", "comment", "marker", "map", "empty-version", "version-only"],
 )
 def test_empty_document_gives_the_defaults(text: str) -> None:
     assert parse_config(text, "c.yaml") == Config.default()
