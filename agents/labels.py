@@ -86,10 +86,33 @@ def write_feature_file(path: Path, labels: Mapping[str, str]) -> None:
     log.info("node_labels_written", path=str(path), labels=len(labels))
 
 
+_FAILED: dict[str, str] = {}  # what `written` is after a failed write: never equal to labels
+
+
+def _try_write(path: Path, labels: dict[str, str], *, failed: bool) -> dict[str, str]:
+    """Write the file; returns what is now written, or _FAILED (logged unless `failed`)."""
+    try:
+        write_feature_file(path, labels)
+    except OSError as exc:
+        if not failed:
+            log.error(
+                "node_labels_unwritable",
+                path=str(path),
+                error=str(exc),
+                effect="device plugins keep serving; labels retried on the next change",
+            )
+        return _FAILED
+    return labels
+
+
 async def keep_labels(
     path: Path, gpu: GpuFamily | None, roce: RoceFamily | None, stop: asyncio.Event
 ) -> None:
-    """Write the feature file now and again whenever a resource's device list changes."""
+    """Write the feature file now and again whenever a resource's device list changes.
+
+    Labels are optional: a file that cannot be written is logged (once until a write
+    succeeds) and tried again on the next change; the device plugins keep serving.
+    """
     resources: list[Resource] = [
         *(gpu.resources() if gpu else ()),
         *(roce.resources() if roce else ()),
@@ -106,8 +129,7 @@ async def keep_labels(
             else 0,
         )
         if labels != written:
-            write_feature_file(path, labels)
-            written = labels
+            written = _try_write(path, labels, failed=written is _FAILED)
         waits: list[asyncio.Future[object]] = [
             asyncio.ensure_future(r.inventory.wait_newer(v))
             for r, v in zip(resources, versions, strict=True)
