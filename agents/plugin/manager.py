@@ -153,8 +153,9 @@ class PluginManager:
                     self._unregistered.add(name)
                 self._add(new)
                 continue
-            server.replace_resource(resource)
-            if name in self.servers and name not in unchanged:
+            register = name in self.servers and name not in unchanged
+            server.replace_resource(resource, streams_follow=not register)
+            if register:
                 self._unregistered.add(name)
         self._wake.set()
 
@@ -258,7 +259,7 @@ class PluginManager:
 
     async def _register(self, server: DevicePluginServer) -> bool:
         name = server.resource.name
-        if server.open_streams or not server.socket_present():
+        if server.open_streams or server.frozen or not server.socket_present():
             # An old stream ending after a new Register can cut the new endpoint off:
             # serve afresh so every old stream is closed before we register. A starting
             # kubelet may also have removed our socket since the last look; registering

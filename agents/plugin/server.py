@@ -65,6 +65,7 @@ class DevicePluginServer:
         self._kubelet_streams = 0
         self._expecting_kubelet = False
         self._swapped = asyncio.Event()
+        self._frozen: asyncio.Event | None = None  # streams of this serving send no more
         self._socket_inode: int | None = None
 
     @property
@@ -80,15 +81,23 @@ class DevicePluginServer:
         """Open streams taken to be the kubelet's (at most one unless it re-registered)."""
         return self._kubelet_streams
 
+    @property
+    def frozen(self) -> bool:
+        """Whether this serving's streams were told to send no more (see replace_resource)."""
+        return self._frozen is self._closing
+
     def expect_kubelet(self, expecting: bool = True) -> None:
         """The next stream opened is the kubelet's: we are registering (or stop expecting)."""
         self._expecting_kubelet = expecting
 
-    def replace_resource(self, resource: Resource) -> None:
-        """Serve `resource` (same name) from now on; open streams follow its inventory."""
+    def replace_resource(self, resource: Resource, *, streams_follow: bool = True) -> None:
+        """Serve `resource` (same name) from now on. Open streams follow its inventory, or
+        (streams_follow=False, for a resource that registers anew) send nothing more."""
         if resource.name != self.resource.name:
             raise ValueError(f"{resource.name} cannot replace {self.resource.name}")
         self.resource = resource
+        if not streams_follow:
+            self._frozen = self._closing
         self._swapped.set()
         self._swapped = asyncio.Event()
 
@@ -166,6 +175,9 @@ class DevicePluginServer:
         inventory, sent = self.resource.inventory, -1
         try:
             while not closing.is_set():
+                if self._frozen is closing:  # (self.frozen, for this stream's serving)
+                    await closing.wait()  # a new registration is coming: it brings the list
+                    break
                 if inventory is not self.resource.inventory:
                     inventory, sent = self.resource.inventory, -1
                 if inventory.version != sent:
