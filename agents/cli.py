@@ -68,18 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
         prog="node-agent", description="Kubernetes device-plugin agents for GPUs and RoCE NICs."
     )
     parser.add_argument("--version", action="version", version=f"node-agent {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="run, topo or demo"
+    )
     run = sub.add_parser("run", help="serve the device plugins until SIGTERM")
     run.add_argument("--config", type=Path, help="configuration file (YAML); SIGHUP reads it again")
     run.add_argument(
         "--device-plugin-dir",
         type=Path,
+        metavar="DIR",
         default=Path(os.environ.get(PLUGIN_DIR_ENV, DEFAULT_PLUGIN_DIR)),
         help=f"the kubelet's device-plugin directory (env {PLUGIN_DIR_ENV}; "
         f"default {DEFAULT_PLUGIN_DIR})",
     )
     run.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
-    run.add_argument("--families", default="gpu,roce", help="families to run (default gpu,roce)")
+    run.add_argument(
+        "--families", metavar="gpu,roce", default="gpu,roce", help="families to run (default all)"
+    )
     run.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",
@@ -107,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
     topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
-    topo.add_argument("--config", type=Path, help="configuration file (YAML)")
+    topo.add_argument("--config", type=Path, metavar="FILE", help="configuration file (YAML)")
     topo.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
     return parser
