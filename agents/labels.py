@@ -57,6 +57,19 @@ def node_labels(
     return {PREFIX + key: value for key, value in sorted(labels.items())}
 
 
+def family_labels(labels: Mapping[str, str], *, gpu: bool, roce: bool) -> dict[str, str]:
+    """Only the labels of the families this agent runs: beside another agent that runs
+    the other family (in a file of its own), it must not claim that family's devices."""
+
+    def ours(key: str) -> bool:
+        name = key.removeprefix(PREFIX)
+        if name.startswith("gpu-nic."):
+            return gpu and roce
+        return (gpu or not name.startswith("gpu.")) and (roce or not name.startswith("roce."))
+
+    return {key: value for key, value in labels.items() if ours(key)}
+
+
 def _has_close_pairs(gpus: Sequence[Gpu], nics: Sequence[Nic]) -> bool:
     """Whether some GPU and NIC share a PCIe switch (PIX or PXB)."""
     topology = Topology(
@@ -120,7 +133,7 @@ async def keep_labels(
     written: dict[str, str] | None = None
     while not stop.is_set():
         versions = [r.inventory.version for r in resources]
-        labels = node_labels(
+        everything = node_labels(
             gpu.gpus if gpu else [],
             roce.nics if roce else [],
             healthy_gpus=gpu.healthy_count() if gpu else 0,
@@ -128,6 +141,7 @@ async def keep_labels(
             if roce
             else 0,
         )
+        labels = family_labels(everything, gpu=gpu is not None, roce=roce is not None)
         if labels != written:
             written = _try_write(path, labels, failed=written is _FAILED)
         waits: list[asyncio.Future[object]] = [
