@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND", help="run, topo or demo"
     )
     run = sub.add_parser("run", help="serve the device plugins until SIGTERM")
-    run.add_argument("--config", type=Path, help="configuration file (YAML); SIGHUP reads it again")
+    run.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="configuration file (YAML); SIGHUP reads it again",
+    )
     run.add_argument(
         "--device-plugin-dir",
         type=Path,

@@ -152,6 +152,8 @@ class Agent:
                 b.sysfs, links, config, dev_root=b.dev_root, telemetry=self.telemetry
             )
         family.start()
+        if not any(r.inventory.devices for r in family.resources()):
+            log.info("family_without_devices", family=name, effect="registers nothing")
         return family
 
     def _adopt(self, family: Family) -> None:

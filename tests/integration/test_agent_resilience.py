@@ -163,10 +163,13 @@ async def test_unwritable_label_file_is_logged_once_and_written_once_it_can_be(
 
             blocker.unlink()
             edit_node(lambda d: d["nics"][0].__setitem__("link", "down"))  # a change
-            await async_wait_until(features.exists, WAIT, "labels written after all")
-            assert listed(NIC, 8, healthy=7)(kubelet)
+            await async_wait_until(
+                lambda: features.exists() and "roce.healthy=7" in features.read_text(),
+                WAIT,
+                "labels written after all",
+            )
+            await kubelet.wait_until(listed(NIC, 8, healthy=7), WAIT)
     assert len(events(captured, "node_labels_unwritable")) == 1
-    assert "node-agents.io/roce.healthy=7" in features.read_text()
 
 
 # No empty resource
@@ -190,6 +193,19 @@ async def test_family_without_devices_registers_nothing_until_it_has_some(
             assert {r.resource_name for r in kubelet.registrations} == {GPU}
             (said,) = events(captured, "resource_without_devices")
             assert said["resource"] == NIC
+            assert [e["family"] for e in events(captured, "family_without_devices")] == ["roce"]
 
             edit_node(lambda d: d.__setitem__("nics", nics))  # NICs appear
             await kubelet.wait_until(listed(NIC, 8), WAIT)
+
+
+async def test_node_without_gpus_registers_no_gpu_resource_and_says_so(
+    node_file: Path, plugin_dir: Path, edit_node: EditNode, kubelet: Kubelet
+) -> None:
+    edit_node(lambda d: d.__setitem__("gpus", []))
+    with logs() as captured:
+        async with agent_on(node_file, plugin_dir):
+            await kubelet.wait_until(listed(NIC, 8), WAIT)
+            assert kubelet.resource(GPU) is None
+            assert {r.resource_name for r in kubelet.registrations} == {NIC}
+    assert [e["family"] for e in events(captured, "family_without_devices")] == ["gpu"]
