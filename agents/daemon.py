@@ -189,6 +189,8 @@ class Agent:
                 await self._loops.end(family.name)
                 self._adopt(family)
             self.config = config
+            self.pairing = None
+            manager.on_checkpoint = lambda: None  # the rebuilt families have no old ledger
             if self.config.pairing.enabled:
                 self.pairing = attach_pairing(self.gpu, self.roce, manager)
             now = self.resources()
