@@ -9,13 +9,14 @@ import asyncio
 import contextlib
 import itertools
 import socket
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
+import structlog
+from structlog.processors import TimeStamper
+from structlog.testing import LogCapture
 
 from agents.config import Config
 from agents.daemon import Agent, simulated_backends
@@ -30,8 +31,14 @@ EditNode = Callable[..., None]
 
 @contextlib.contextmanager
 def logs() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
+    """The agent's log events while the block runs, each stamped (`at`) as it was logged."""
+    capture = LogCapture()
+    before = structlog.get_config()["processors"]
+    structlog.configure(processors=[TimeStamper(fmt=None, key="at"), capture])
+    try:
+        yield capture.entries
+    finally:
+        structlog.configure(processors=before)
 
 
 def events(captured: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -102,15 +109,10 @@ async def test_missing_kubelet_socket_is_logged_again_each_interval_until_it_app
     interval = 0.3
     manager = PluginManager(plugin_dir, [_Listed("example.com/dev", 2)], waiting_log_s=interval)
     stop = asyncio.Event()
-    seen: list[float] = []
     with logs() as captured:
         task = asyncio.ensure_future(manager.run(stop))
         try:
-            while len(seen) < 3:
-                await async_wait_until(
-                    lambda: len(events(captured, "waiting_for_kubelet")) > len(seen), WAIT
-                )
-                seen.append(time.monotonic())
+            await async_wait_until(lambda: len(events(captured, "waiting_for_kubelet")) >= 3, WAIT)
             kubelet = Kubelet(plugin_dir, seed=1)
             await kubelet.start()
             try:
@@ -120,6 +122,7 @@ async def test_missing_kubelet_socket_is_logged_again_each_interval_until_it_app
         finally:
             stop.set()
             await asyncio.wait_for(task, WAIT)
+    seen = [e["at"] for e in events(captured, "waiting_for_kubelet")][:3]
     gaps = [b - a for a, b in itertools.pairwise(seen)]
     assert all(gap >= interval - 0.05 for gap in gaps), gaps
     socket_path = str(plugin_dir / "kubelet.sock")
