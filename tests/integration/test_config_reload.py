@@ -19,6 +19,7 @@ from tests.integration.conftest import AgentProcess
 from tests.integration.test_agent_lifecycle import GPU, NIC, WAIT, listed, running
 
 StartAgent = Callable[[Sequence[str]], AgentProcess]
+STARTUP = 20.0  # a new Python process and its imports, on a loaded 2-core machine
 SHARED = (
     "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
     "      - {{name: {name}, replicas: {n}}}\n"
@@ -54,7 +55,7 @@ async def test_sighup_applies_a_valid_config_and_reregisters_only_the_changed_re
     config = tmp_path / "config.yaml"
     config.write_text(replicas(2))
     agent = start_agent(run_args(node_file, plugin_dir, config))
-    await kubelet.wait_until(lambda k: listed(GPU, 16)(k) and listed(NIC, 8)(k), WAIT * 2)
+    await kubelet.wait_until(lambda k: listed(GPU, 16)(k) and listed(NIC, 8)(k), STARTUP)
     before = len(kubelet.registrations)
     nic_endpoint, gpu_endpoint = kubelet.endpoint(NIC), kubelet.endpoint(GPU)
 
@@ -80,7 +81,7 @@ async def test_sighup_with_an_invalid_config_logs_one_line_and_keeps_serving(
     config = tmp_path / "config.yaml"
     config.write_text(replicas(2))
     agent = start_agent(run_args(node_file, plugin_dir, config))
-    await kubelet.wait_until(lambda k: listed(GPU, 16)(k) and listed(NIC, 8)(k), WAIT * 2)
+    await kubelet.wait_until(lambda k: listed(GPU, 16)(k) and listed(NIC, 8)(k), STARTUP)
     before = len(kubelet.registrations)
     endpoints = kubelet.endpoint(GPU), kubelet.endpoint(NIC)
 
