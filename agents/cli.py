@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from agents import __version__
 from agents.config import Config, load_config
 from agents.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
-    from agents.daemon import Backends
+    from agents.daemon import Agent, Backends
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
@@ -66,19 +67,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="node-agent", description="Kubernetes device-plugin agents for GPUs and RoCE NICs."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"node-agent {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="run, topo or demo"
+    )
     run = sub.add_parser("run", help="serve the device plugins until SIGTERM")
-    run.add_argument("--config", type=Path, help="configuration file (YAML)")
+    run.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="configuration file (YAML); SIGHUP reads it again",
+    )
     run.add_argument(
         "--device-plugin-dir",
         type=Path,
+        metavar="DIR",
         default=Path(os.environ.get(PLUGIN_DIR_ENV, DEFAULT_PLUGIN_DIR)),
         help=f"the kubelet's device-plugin directory (env {PLUGIN_DIR_ENV}; "
         f"default {DEFAULT_PLUGIN_DIR})",
     )
     run.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
-    run.add_argument("--families", default="gpu,roce", help="families to run (default gpu,roce)")
-    run.add_argument("--metrics-address", metavar="HOST:PORT", help="serve Prometheus metrics")
+    run.add_argument(
+        "--families", metavar="gpu,roce", default="gpu,roce", help="families to run (default all)"
+    )
+    run.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /healthz here (default: off)",
+    )
     run.add_argument(
         "--nfd-features-file",
         type=Path,
@@ -88,21 +104,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--pod-resources-socket",
         type=Path,
-        default=POD_RESOURCES_SOCKET,
         metavar="PATH",
-        help=f"the kubelet's pod-resources API (default {POD_RESOURCES_SOCKET})",
+        default=Path(DEFAULT_POD_RESOURCES_SOCKET),
+        help="the kubelet's pod-resources socket, used for pairing when it answers "
+        f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
-    run.add_argument("--log-format", choices=("json", "console"), default="console")
+    run.add_argument(
+        "--log-format",
+        choices=("json", "console"),
+        default="console",
+        help="log lines as JSON objects or as console text (default console)",
+    )
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
     topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
-    topo.add_argument("--config", type=Path, help="configuration file (YAML)")
+    topo.add_argument("--config", type=Path, metavar="FILE", help="configuration file (YAML)")
     topo.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
     return parser
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse argv; an unknown argument after a command gets that command's usage (exit 2)."""
+    parser = build_parser()
+    opts, extra = parser.parse_known_args(argv)
+    if extra:
+        commands = next(
+            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        ).choices
+        commands[opts.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return opts
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
+    opts = parse_args(argv)
     try:
         if opts.command == "run":
             configure_logging(opts.log_format)
@@ -123,13 +157,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FATAL
 
 
+def _read_config(path: Path | None) -> Config:
+    config = load_config(path) if path else Config.default()
+    for key in config.ignored_keys:
+        log.warning("config_key_ignored", key=key, reason="accepted for compatibility, no effect")
+    return config
+
+
 def _run(opts: argparse.Namespace) -> int:
     from agents.daemon import parse_families
 
-    config = load_config(opts.config) if opts.config else Config.default()
+    # Until the event loop handles it, a SIGHUP must not end the process (exit 129).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    config = _read_config(opts.config)
     families = parse_families(opts.families)
-    for key in config.ignored_keys:
-        log.info("config_key_ignored", key=key, reason="accepted for compatibility, no effect")
     source = str(opts.config) if opts.config else "<defaults>"
     opts.device_plugin_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -146,10 +188,11 @@ async def _serve(
 ) -> int:
     from agents.daemon import Agent, real_backends, simulated_backends
 
-    stop = asyncio.Event()
+    stop, hup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
     plugin_dir: Path = opts.device_plugin_dir
     backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
         simulated_backends(opts.simulate)
@@ -169,9 +212,41 @@ async def _serve(
         )
         agent.start()
         log.info("agent_started", plugin_dir=str(plugin_dir), families=list(families))
-        await agent.run(stop)
+        await _until_stopped(agent, stop, hup, opts.config)
     log.info("agent_stopped")
     return EXIT_OK
+
+
+async def _until_stopped(
+    agent: Agent, stop: asyncio.Event, hup: asyncio.Event, path: Path | None
+) -> None:
+    """Run the agent, reloading its config on each SIGHUP, until `stop`."""
+    running = asyncio.ensure_future(agent.run(stop))  # first: its loops begin before a reload
+    reloads = asyncio.ensure_future(_reload_on(hup, agent, path))
+    try:
+        await asyncio.wait([running, reloads], return_when=asyncio.FIRST_COMPLETED)
+        if reloads.done():
+            stop.set()
+            reloads.result()  # a reload that failed beyond a bad config: fatal
+        await running
+    finally:
+        stop.set()
+        reloads.cancel()
+        await asyncio.gather(running, reloads, return_exceptions=True)
+
+
+async def _reload_on(hup: asyncio.Event, agent: Agent, path: Path | None) -> None:
+    """On each SIGHUP read the config file again and apply it; a bad one changes nothing."""
+    while True:
+        await hup.wait()
+        hup.clear()
+        source = str(path) if path else "<defaults>"
+        log.info("config_reload", signal="SIGHUP", source=source)
+        try:
+            config = await asyncio.to_thread(_read_config, path)
+            await agent.reload(config)
+        except AgentError as exc:
+            log.error("config_reload_refused", source=source, error=str(exc), kept="running config")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The agent's configuration file (SPEC section 3), parsed strictly into frozen dataclasses.
 
-Files of the established v1 config format are accepted unchanged; inert keys are listed.
+Files of the established v1 config format are accepted unchanged: each of its keys is
+honoured, listed as ignored (to be logged once), or refused.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from agents.configschema import (
     ReplicatedDevices,
     SchemaError,
     Section,
+    annotation_prefix,
     boolean,
     devices,
     duration,
     extended_name,
     gpu_resource,
+    host_root,
     integer,
     link_layer,
     list_of,
@@ -37,10 +40,14 @@ from agents.errors import ConfigError
 T = TypeVar("T")
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceIDStrategy = Literal["uuid", "index"]
+SharedDevicesPolicy = Literal["distributed", "packed"]
 
 MIG_STRATEGIES: tuple[MigStrategy, ...] = ("none", "single", "mixed")
 DEVICE_ID_STRATEGIES: tuple[DeviceIDStrategy, ...] = ("uuid", "index")
-DEVICE_LIST_STRATEGIES = ("envvar", "cdi-cri")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+SHARED_DEVICES_POLICIES: tuple[SharedDevicesPolicy, ...] = ("distributed", "packed")
+DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 SHARED_SUFFIX = ".shared"
 
 
@@ -51,6 +58,24 @@ class Flags:
     device_id_strategy: DeviceIDStrategy = "uuid"
     device_list_strategy: frozenset[str] = frozenset({"envvar"})
     pass_device_specs: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    gdrcopy_enabled: bool = False
+    nvidia_driver_root: str = "/"
+    nvidia_dev_root: str | None = None  # None: the driver root
+    cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
+    shared_devices_allocation_policy: SharedDevicesPolicy = "distributed"
+
+    @property
+    def host_dev_root(self) -> str:
+        """Where the host has the device nodes that passDeviceSpecs names."""
+        return self.nvidia_dev_root or self.nvidia_driver_root
+
+    @property
+    def only_cdi(self) -> bool:
+        """Whether every device-list strategy is a CDI one: the runtime then injects
+        everything, and no env, mount or device spec names the devices."""
+        return all(s.startswith("cdi-") for s in self.device_list_strategy)
 
 
 @dataclass(frozen=True)
@@ -58,7 +83,6 @@ class TimeSlicedResource:
     name: str
     replicas: int
     rename: str | None = None
-    devices: ReplicatedDevices = "all"
 
 
 @dataclass(frozen=True)
@@ -149,12 +173,11 @@ def parse_config(text_: str, source: str) -> Config:
 
 def _config(raw: object) -> Config:
     top = Section(raw, "", _TOP_KEYS, ignored=[])
-    version = top.value("version", one_of(("v1",)), "v1")
+    version = top.value("version", _version, "v1")
     flags = _flags(top.section("flags", _FLAG_KEYS))
     sharing = Sharing(_shared(top.section("sharing", ("timeSlicing", "mps"))))
-    _refuse_pattern_renames(top.section("resources", ("gpus", "mig")))
-    _refuse_imex_channels(top.section("imex", ("channelIDs", "required")))
-    top.ignored.extend(key for key in ("resources", "imex") if top.has(key))
+    _ignore_pattern_renames(top.section("resources", ("gpus", "mig")))
+    _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
     pairing = Pairing(top.section("pairing", ("enabled",)).value("enabled", boolean, True))
     health = top.section("health", ("disabledXids",))
@@ -164,14 +187,27 @@ def _config(raw: object) -> Config:
     )
 
 
+def _version(value: object) -> str:
+    """v1; an empty version means v1 too, as in the v1 format."""
+    return "v1" if value == "" else one_of(("v1",))(value)
+
+
 _TOP_KEYS = ("version", "flags", "sharing", "roce", "pairing", "health", "resources", "imex")
-_PLUGIN_KEYS = ("passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy")
-_PLUGIN_ONLY_KEYS = ("cdiAnnotationPrefix", "nvidiaCTKPath", "containerDriverRoot")
-_COMPAT_FLAG_PATHS = ("nvidiaDriverRoot", "nvidiaDevRoot", "mpsRoot", "deviceDiscoveryStrategy")
-_COMPAT_FLAG_BOOLS = ("gdsEnabled", "mofedEnabled", "useNodeFeatureAPI")
+_PLUGIN_KEYS = (
+    *("passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy"),
+    *("cdiAnnotationPrefix", "sharedDevicesAllocationPolicy"),
+)
+_CDI_SPEC_KEYS = ("nvidiaCTKPath", "containerDriverRoot")  # for writing CDI specs: not done here
+_ROOT_KEYS = ("nvidiaDriverRoot", "nvidiaDevRoot")
+_DRIVER_ENV_KEYS = ("gdsEnabled", "mofedEnabled", "gdrcopyEnabled")
+_INERT_FLAGS: dict[str, Check[object]] = {
+    "mpsRoot": string,
+    "useNodeFeatureAPI": boolean,
+    "deviceDiscoveryStrategy": one_of(DEVICE_DISCOVERY_STRATEGIES),
+}
 _FLAG_KEYS = (
     *("migStrategy", "failOnInitError", "plugin", "gfd"),
-    *(_PLUGIN_KEYS + _COMPAT_FLAG_PATHS + _COMPAT_FLAG_BOOLS),
+    *(_PLUGIN_KEYS + _ROOT_KEYS + _DRIVER_ENV_KEYS + tuple(_INERT_FLAGS)),
 )
 
 
@@ -189,17 +225,15 @@ def _device_lists(value: object) -> frozenset[str]:
 
 
 def _flags(sec: Section) -> Flags:
-    plugin = sec.section("plugin", _PLUGIN_KEYS + _PLUGIN_ONLY_KEYS)
-    for key in _PLUGIN_ONLY_KEYS:
+    plugin = sec.section("plugin", _PLUGIN_KEYS + _CDI_SPEC_KEYS)
+    for key in _CDI_SPEC_KEYS:
         plugin.ignore(key, string)
-    for key in _COMPAT_FLAG_PATHS:
-        sec.ignore(key, string)
-    for key in _COMPAT_FLAG_BOOLS:
-        sec.ignore(key, boolean)
+    for key, check in _INERT_FLAGS.items():
+        sec.ignore(key, check)
     gfd = sec.section("gfd", tuple(_GFD_KEYS))
     for key, check in _GFD_KEYS.items():
         gfd.ignore(key, check)
-    return Flags(
+    flags = Flags(
         mig_strategy=sec.value("migStrategy", one_of(MIG_STRATEGIES), "none"),
         fail_on_init_error=sec.value("failOnInitError", boolean, True),
         device_id_strategy=_either(
@@ -209,7 +243,36 @@ def _flags(sec: Section) -> Flags:
             sec, plugin, "deviceListStrategy", _device_lists, frozenset({"envvar"})
         ),
         pass_device_specs=_either(sec, plugin, "passDeviceSpecs", boolean, False),
+        gds_enabled=sec.value("gdsEnabled", boolean, False),
+        mofed_enabled=sec.value("mofedEnabled", boolean, False),
+        gdrcopy_enabled=sec.value("gdrcopyEnabled", boolean, False),
+        nvidia_driver_root=sec.value("nvidiaDriverRoot", host_root, "") or "/",
+        nvidia_dev_root=sec.value("nvidiaDevRoot", host_root, "") or None,
+        cdi_annotation_prefix=_either(
+            sec, plugin, "cdiAnnotationPrefix", annotation_prefix, CDI_ANNOTATION_PREFIX
+        ),
+        shared_devices_allocation_policy=_either(
+            sec,
+            plugin,
+            "sharedDevicesAllocationPolicy",
+            one_of(SHARED_DEVICES_POLICIES),
+            "distributed",
+        ),
     )
+    _list_unused(sec, plugin, flags)
+    return flags
+
+
+def _list_unused(flat: Section, plugin: Section, flags: Flags) -> None:
+    """List as ignored the keys that only matter with a setting this file does not make."""
+    unused = list[tuple[Section, str]]()
+    if not flags.pass_device_specs or flags.only_cdi:
+        unused += [(flat, key) for key in _ROOT_KEYS]
+    elif flags.nvidia_dev_root is not None:
+        unused.append((flat, "nvidiaDriverRoot"))  # the device nodes' root overrides it
+    if "cdi-annotations" not in flags.device_list_strategy:
+        unused += [(s, "cdiAnnotationPrefix") for s in (flat, plugin)]
+    flat.ignored.extend(s.at(key) for s, key in unused if s.has(key))
 
 
 def _either(flat: Section, plugin: Section, key: str, check: Check[T], default: T) -> T:
@@ -225,13 +288,13 @@ _REPLICATED_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources"
 
 
 def _shared(sec: Section) -> TimeSlicing:
-    mps = _replicated(sec.section("mps", _REPLICATED_KEYS))
-    if mps.resources:
-        raise SchemaError(
-            "not supported: MPS sharing (use sharing.timeSlicing)", sec.at("mps.resources")
-        )
     if sec.has("mps"):
-        sec.ignored.append(sec.at("mps"))
+        _replicated(sec.section("mps", _REPLICATED_KEYS))  # a typo in it is named as such
+        raise SchemaError(
+            "not supported: MPS sharing needs an MPS control daemon, which this agent "
+            "does not run (use sharing.timeSlicing)",
+            sec.at("mps"),
+        )
     return _replicated(sec.section("timeSlicing", _REPLICATED_KEYS))
 
 
@@ -248,8 +311,10 @@ def _replicated(sec: Section) -> TimeSlicing:
             name=item.required("name", gpu_resource, "a GPU resource name such as nvidia.com/gpu"),
             replicas=item.required("replicas", integer(1), "an integer >= 1"),
             rename=item.value("rename", shared_name, None),
-            devices=item.value("devices", devices, "all"),
         )
+        chosen: ReplicatedDevices = item.value("devices", devices, "all")
+        if chosen != "all":
+            item.ignored.append(item.at("devices"))  # every GPU is shared, as the v1 format does
         _once(names, entry.name, item.at("name"))
         sharing = TimeSlicing(
             sharing.rename_by_default,
@@ -270,24 +335,26 @@ def _once(seen: dict[str, str], name: str, path: str) -> None:
     seen[name] = path
 
 
-def _refuse_pattern_renames(sec: Section) -> None:
+def _ignore_pattern_renames(sec: Section) -> None:
+    """Renames by product pattern are read and checked, then ignored, as the v1 format's
+    own plugin does; a non-empty list is named in the ignored keys."""
     for key in ("gpus", "mig"):
         for path, raw in sec.each(key):
             item = Section(raw, path, ("pattern", "name"), sec.ignored)
             item.required("pattern", text, "a device name pattern")
             item.required("name", shared_name, EXTENDED_NAME)
-            raise SchemaError(
-                "not supported: renaming resources by pattern (remove resources)", path
-            )
+        if sec.raw(key):
+            sec.ignored.append(sec.at(key))
 
 
-def _refuse_imex_channels(sec: Section) -> None:
+def _imex(sec: Section) -> None:
     channels = sec.value("channelIDs", list_of(integer(0)), tuple[int, ...]())
-    sec.value("required", boolean, False)
     if channels:
         raise SchemaError(
             "not supported: IMEX channels (remove imex.channelIDs)", sec.at("channelIDs")
         )
+    sec.ignore("channelIDs", list_of(integer(0)))
+    sec.ignore("required", boolean)
 
 
 def _roce(sec: Section) -> Roce:

@@ -215,10 +215,25 @@ def string(value: object) -> str:
     raise bad("a string", value)
 
 
+_go_duration = matching(
+    r"[-+]?(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h))+)",
+    "a duration such as 60s, or infinite",
+)
+
+
 def duration(value: object) -> object:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """A duration as the v1 format reads one: a number of nanoseconds, Go's duration
+    syntax, or `infinite`."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return value
-    return matching(r"0|([0-9]+(\.[0-9]*)?(ns|us|µs|ms|s|m|h))+", "a duration such as 60s")(value)
+    return "infinite" if value == "infinite" else _go_duration(value)
+
+
+def host_root(value: object) -> str:
+    """A host directory given as a root (driver or device nodes); empty means `/`."""
+    if isinstance(value, str) and (value == "" or value.startswith("/")):
+        return value
+    raise bad("an absolute path such as /run/nvidia/driver", value)
 
 
 _DOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -226,6 +241,14 @@ _EXTENDED_NAME = re.compile(
     rf"(?=[^/]{{1,244}}/){_DOMAIN}/(?=.{{1,63}}$)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
 EXTENDED_NAME = "an extended resource name domain/name (e.g. rdma/roce)"
+_ANNOTATION_PREFIX = re.compile(rf"(?=.{{1,253}}/$){_DOMAIN}/")
+
+
+def annotation_prefix(value: object) -> str:
+    """The prefix of an annotation key: a DNS subdomain and '/' (e.g. cdi.k8s.io/)."""
+    if isinstance(value, str) and _ANNOTATION_PREFIX.fullmatch(value):
+        return value
+    raise bad("an annotation key prefix such as cdi.k8s.io/", value)
 
 
 def extended_name(value: object) -> str:
@@ -255,7 +278,9 @@ def gpu_resource(value: object) -> str:
     raise bad("a GPU resource: nvidia.com/gpu or nvidia.com/mig-<profile>", value)
 
 
-_device_ref = matching(r"[0-9]+(:[0-9]+)?|(GPU|MIG)-[0-9A-Za-z-]+", "a GPU index or UUID")
+_device_ref = matching(
+    r"[0-9]+(:[0-9]+)?|GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z-]+(/[0-9]+/[0-9]+)?", "a GPU index or UUID"
+)
 
 
 def _device_item(value: object) -> str:

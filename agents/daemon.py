@@ -18,9 +18,10 @@ from agents.core.ledger import GPU, NIC
 from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
 from agents.gpu.resource import GpuResource
-from agents.hw.netlink import LinkMonitor
+from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
+from agents.loops import Loops
 from agents.pairing import Pairing
 from agents.plugin.family import Family
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
@@ -86,13 +87,6 @@ async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
         host_links.close()
 
 
-def _what(resource: Resource) -> str:
-    """How pairing sees a resource, for its log."""
-    if not isinstance(resource, GpuResource):
-        return "NICs"
-    return "whole GPUs" if resource.whole_gpus else "shared or MIG GPUs"
-
-
 def parse_families(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in FAMILIES]
@@ -111,16 +105,22 @@ class Agent:
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     metrics_address: str | None = None
     nfd_features_file: Path | None = None
-    pod_resources_socket: Path | None = None  # the kubelet's pod-resources API, if reachable
+    pod_resources_socket: Path | None = None
 
     def __post_init__(self) -> None:
         self.family_objects: list[Family] = []
         self.manager: PluginManager | None = None
         self.gpu: GpuFamily | None = None
         self.roce: RoceFamily | None = None
+        # One pairing for the agent's life: the kubelet's facts outlive a config reload.
         self.pairing: Pairing | None = None
+        if {"gpu", "roce"} <= set(self.families):
+            facts = CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket)
+            self.pairing = Pairing(*facts)
         self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
+        self._loops = Loops()
+        self._reloading = asyncio.Lock()
         if self.metrics_address is not None:
             from agents.metrics import Metrics, MetricsServer  # prometheus_client: only if asked
 
@@ -130,69 +130,126 @@ class Agent:
 
     def start(self) -> PluginManager:
         """Discover devices and plan resources. Raises ConfigError or BackendError."""
-        b = self.backends
-        pairing = (
-            Pairing(CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket))
-            if self.config.pairing.enabled and {"gpu", "roce"} <= set(self.families)
-            else None
+        for name in self.families:
+            self._adopt(self._family(name, self.config))
+        self._say_pairing()
+        self.manager = PluginManager(
+            self.plugin_dir,
+            self.resources(),
+            telemetry=self.telemetry,
+            before_preferred=self.pairing.refresh if self.pairing is not None else None,
         )
-        if "gpu" in self.families:
-            gpu = GpuFamily(
+        if self.metrics is not None:
+            self.metrics.watch_resources(self.resources)
+        return self.manager
+
+    def _family(self, name: str, config: Config) -> Family:
+        """A started family of `config`. Raises ConfigError or BackendError."""
+        b = self.backends
+        family: Family
+        side = None
+        if self.pairing is not None:
+            kind = GPU if name == "gpu" else NIC
+            if config.pairing.enabled:
+                side = self.pairing.side(kind)
+            else:
+                self.pairing.withdraw(kind)
+        if name == "gpu":
+            family = GpuFamily(
                 b.nvml,
                 b.sysfs,
-                self.config,
+                config,
                 config_source=self.config_source,
                 dev_root=b.dev_root,
                 telemetry=self.telemetry,
-                pairing=pairing.side(GPU) if pairing is not None else None,
+                pairing=side,
             )
-            gpu.start()
-            self.gpu = gpu
-            self.family_objects.append(gpu)
-        if "roce" in self.families:
-            roce = RoceFamily(
-                b.sysfs,
-                b.links,
-                self.config,
-                dev_root=b.dev_root,
-                telemetry=self.telemetry,
-                pairing=pairing.side(NIC) if pairing is not None else None,
+        else:
+            links = _Borrowed(b.links)  # the agent closes them, not a replaced family
+            family = RoceFamily(
+                b.sysfs, links, config, dev_root=b.dev_root, telemetry=self.telemetry, pairing=side
             )
-            roce.start()
-            self.roce = roce
-            self.family_objects.append(roce)
-        resources: list[Resource] = [r for f in self.family_objects for r in f.resources()]
-        prepare = {}
-        if pairing is not None:
-            self.pairing = pairing
-            kinds = {r.name: _what(r) for f in self.family_objects for r in f.resources()}
-            pairing.start(kinds)
-            prepare = {name: pairing.refresh for name in pairing.resources().values()}
-        self.manager = PluginManager(
-            self.plugin_dir, resources, telemetry=self.telemetry, before_preferred=prepare
-        )
-        if self.metrics is not None:
-            self.metrics.watch_resources(lambda: resources)
-        return self.manager
+        family.start()
+        if not any(r.inventory.devices for r in family.resources()):
+            log.info("family_without_devices", family=name, effect="registers nothing")
+        return family
+
+    def _adopt(self, family: Family) -> None:
+        self.family_objects = [f for f in self.family_objects if f.name != family.name]
+        self.family_objects.append(family)
+        if isinstance(family, GpuFamily):
+            self.gpu = family
+        elif isinstance(family, RoceFamily):
+            self.roce = family
+
+    def resources(self) -> list[Resource]:
+        return [r for f in self.family_objects for r in f.resources()]
 
     def serving(self) -> bool:
         """Liveness: every resource's server is up."""
-        return self.manager is not None and all(s.serving for s in self.manager.servers.values())
+        return self.manager is not None and self.manager.serving()
+
+    async def reload(self, config: Config) -> None:
+        """Apply a new config: families whose settings changed are built anew, and only
+        resources whose definition changed register again. Raises ConfigError or
+        BackendError (and changes nothing) when the new config cannot be applied."""
+        async with self._reloading:
+            manager = self.manager or self.start()
+            old = self.config
+            if config == old:
+                log.info("config_unchanged", source=self.config_source)
+                return
+            changed = [n for n in self.families if settings(n, old) != settings(n, config)]
+            before = {r.name: definition(r, old) for r in self.resources()}
+            # Discovery blocks (NVML, sysfs): off the loop. It may raise; nothing is changed yet.
+            fresh = await asyncio.to_thread(lambda: [self._family(n, config) for n in changed])
+            for family in fresh:
+                await self._loops.end(family.name)
+                self._adopt(family)
+            self.config = config
+            self._say_pairing()
+            now = self.resources()
+            unchanged = {r.name for r in now if before.get(r.name) == definition(r, config)}
+            await manager.replace(now, unchanged)
+            for family in fresh:
+                self._loops.begin(family.name, family.run)
+            self._restart_labels()
+            log.info(
+                "config_reloaded",
+                source=self.config_source,
+                families=changed,
+                changed=sorted(r.name for r in now if r.name not in unchanged),
+                withdrawn=sorted(set(before) - {r.name for r in now}),
+            )
+
+    def _say_pairing(self) -> None:
+        """Log what is paired and what is not (after a start or a reload)."""
+        if self.pairing is not None:
+            self.pairing.start({r.name: _what(r) for r in self.resources()})
+
+    def _restart_labels(self) -> None:
+        """(Re)start the node-label loop on the current families."""
+        if self.nfd_features_file is None:
+            return
+        from agents.labels import keep_labels
+
+        path, gpu, roce = self.nfd_features_file, self.gpu, self.roce
+        self._loops.replace("labels", lambda stop: keep_labels(path, gpu, roce, stop))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; any task failing stops the rest and is raised."""
         manager = self.manager or self.start()
-        coros = [manager.run(stop), *(f.run(stop) for f in self.family_objects)]
+        coros = [manager.run(stop)]
         if self.pairing is not None:
             coros.append(self.pairing.run(stop))
         if self.backends.simulated is not None:
             coros.append(self.backends.simulated.run(stop))
-        if self.nfd_features_file is not None:
-            from agents.labels import keep_labels
-
-            coros.append(keep_labels(self.nfd_features_file, self.gpu, self.roce, stop))
         if self.metrics_server is not None:
             coros.append(self.metrics_server.serve(stop))
+        for family in self.family_objects:
+            self._loops.begin(family.name, family.run)
+        self._restart_labels()
+        coros.append(self._loops.supervise(stop))
         tasks = [asyncio.ensure_future(c) for c in coros]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -202,6 +259,50 @@ class Agent:
                     raise task.exception()  # type: ignore[misc]
         finally:
             stop.set()
+            await self._loops.end_all()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.backends.links.close()
             if self.pairing is not None:
                 await self.pairing.close()
+
+
+def _what(resource: Resource) -> str:
+    """How pairing sees a resource, for its log."""
+    if not isinstance(resource, GpuResource):
+        return "NICs"
+    return "whole GPUs" if resource.whole_gpus else "shared or MIG GPUs"
+
+
+def settings(family: str, config: Config) -> object:
+    """The part of `config` a family is built from: a family is rebuilt when it changes."""
+    if family == "gpu":
+        return config.flags, config.sharing, config.health, config.pairing
+    return config.roce, config.pairing
+
+
+def definition(resource: Resource, config: Config) -> object:
+    """What the kubelet and its containers see of a resource, health aside: when this
+    changes on reload, the resource registers again."""
+    devices = tuple((d.id, d.numa) for d in resource.inventory.devices)
+    allocation: object = ()
+    if isinstance(resource, GpuResource):
+        slicing = config.sharing.time_slicing
+        allocation = config.flags, slicing.fail_requests_greater_than_one
+    return type(resource).__name__, resource.name, devices, allocation
+
+
+class _Borrowed:
+    """The agent's link monitor as a family sees it: a family replaced on reload must not
+    close what its successor reads. The agent closes the monitor when it ends."""
+
+    def __init__(self, links: LinkMonitor) -> None:
+        self._links = links
+
+    def state(self, ifname: str) -> LinkState:
+        return self._links.state(ifname)
+
+    async def next_change(self, timeout_s: float) -> bool:
+        return await self._links.next_change(timeout_s)
+
+    def close(self) -> None:
+        """Nothing: the monitor is the agent's."""

@@ -57,6 +57,19 @@ def node_labels(
     return {PREFIX + key: value for key, value in sorted(labels.items())}
 
 
+def family_labels(labels: Mapping[str, str], *, gpu: bool, roce: bool) -> dict[str, str]:
+    """Only the labels of the families this agent runs: beside another agent that runs
+    the other family (in a file of its own), it must not claim that family's devices."""
+
+    def ours(key: str) -> bool:
+        name = key.removeprefix(PREFIX)
+        if name.startswith("gpu-nic."):
+            return gpu and roce
+        return (gpu or not name.startswith("gpu.")) and (roce or not name.startswith("roce."))
+
+    return {key: value for key, value in labels.items() if ours(key)}
+
+
 def _has_close_pairs(gpus: Sequence[Gpu], nics: Sequence[Nic]) -> bool:
     """Whether some GPU and NIC share a PCIe switch (PIX or PXB)."""
     topology = Topology(
@@ -86,10 +99,33 @@ def write_feature_file(path: Path, labels: Mapping[str, str]) -> None:
     log.info("node_labels_written", path=str(path), labels=len(labels))
 
 
+_FAILED: dict[str, str] = {}  # what `written` is after a failed write: never equal to labels
+
+
+def _try_write(path: Path, labels: dict[str, str], *, failed: bool) -> dict[str, str]:
+    """Write the file; returns what is now written, or _FAILED (logged unless `failed`)."""
+    try:
+        write_feature_file(path, labels)
+    except OSError as exc:
+        if not failed:
+            log.error(
+                "node_labels_unwritable",
+                path=str(path),
+                error=str(exc),
+                effect="device plugins keep serving; labels retried on the next change",
+            )
+        return _FAILED
+    return labels
+
+
 async def keep_labels(
     path: Path, gpu: GpuFamily | None, roce: RoceFamily | None, stop: asyncio.Event
 ) -> None:
-    """Write the feature file now and again whenever a resource's device list changes."""
+    """Write the feature file now and again whenever a resource's device list changes.
+
+    Labels are optional: a file that cannot be written is logged (once until a write
+    succeeds) and tried again on the next change; the device plugins keep serving.
+    """
     resources: list[Resource] = [
         *(gpu.resources() if gpu else ()),
         *(roce.resources() if roce else ()),
@@ -97,7 +133,7 @@ async def keep_labels(
     written: dict[str, str] | None = None
     while not stop.is_set():
         versions = [r.inventory.version for r in resources]
-        labels = node_labels(
+        everything = node_labels(
             gpu.gpus if gpu else [],
             roce.nics if roce else [],
             healthy_gpus=gpu.healthy_count() if gpu else 0,
@@ -105,9 +141,9 @@ async def keep_labels(
             if roce
             else 0,
         )
+        labels = family_labels(everything, gpu=gpu is not None, roce=roce is not None)
         if labels != written:
-            write_feature_file(path, labels)
-            written = labels
+            written = _try_write(path, labels, failed=written is _FAILED)
         waits: list[asyncio.Future[object]] = [
             asyncio.ensure_future(r.inventory.wait_newer(v))
             for r, v in zip(resources, versions, strict=True)

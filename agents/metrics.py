@@ -139,8 +139,19 @@ class MetricsServer:
             self._server = None
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set."""
-        await self.start()
+        """Serve until `stop` is set. Metrics are optional: if the address cannot be bound,
+        that is logged and the agent goes on without them."""
+        try:
+            await self.start()
+        except OSError as exc:
+            log.error(
+                "metrics_unavailable",
+                address=f"{self._host}:{self._port}",
+                error=str(exc),
+                effect="device plugins keep serving; no /metrics or /healthz",
+            )
+            await stop.wait()
+            return
         try:
             await stop.wait()
         finally:

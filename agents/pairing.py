@@ -41,6 +41,10 @@ class Pairing:
         """Kind -> name of the resource paired, for those that are."""
         return {kind: name for kind, (name, _) in self._located.items()}
 
+    def withdraw(self, kind: str) -> None:
+        """Pairing is switched off for this kind (a reloaded config)."""
+        self._located.pop(kind, None)
+
     def located(
         self, kind: str, resource: str, locations: Mapping[str, PciLocation | None]
     ) -> None:
@@ -72,7 +76,7 @@ class Pairing:
         if not self.active:
             reason = (
                 "no NIC with a PCI location yet: pairing starts when one appears"
-                if GPU in self._located
+                if self._located.get(GPU, ("", {}))[1]
                 else "no single whole-GPU resource (time-slicing or MIG): GPUs are not paired"
             )
             log.warning("pairing_off", reason=reason, unpaired=unpaired)
@@ -110,9 +114,9 @@ class Pairing:
         finally:
             stopped.cancel()
 
-    async def refresh(self) -> None:
-        """Before a preferred answer: who holds what now, by pod-resources."""
-        if not self.active:
+    async def refresh(self, resource: str) -> None:
+        """Before a preferred answer of `resource`: who holds what now, by pod-resources."""
+        if not self.active or resource not in self.resources().values():
             return
         self.ledger.pod_resources(await self._pod_resources.list())
 

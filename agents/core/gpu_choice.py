@@ -82,10 +82,11 @@ def spread_replicas(
     *,
     gpu_of: Callable[[str], str],
     in_use: Mapping[str, int],
+    packed: bool = False,
 ) -> list[str]:
     """`size` replicas, `must_include` among them, each next one on a GPU this
     request does not use yet where possible, then on the least loaded GPU; of one
-    GPU, the lowest replica number first.
+    GPU, the lowest replica number first (`packed`: see `spread_over`).
 
     `in_use` counts the replicas of each GPU held by other containers.
     """
@@ -93,7 +94,7 @@ def spread_replicas(
     free_by_gpu: dict[str, list[str]] = {}
     for replica in sorted(set(available_replicas) - set(must_include), key=replica_order):
         free_by_gpu.setdefault(gpu_of(replica), []).append(replica)
-    return spread_over(free_by_gpu, must_include, size, gpu_of=gpu_of, in_use=in_use)
+    return spread_over(free_by_gpu, must_include, size, gpu_of=gpu_of, in_use=in_use, packed=packed)
 
 
 def replica_order(replica: str) -> tuple[int, str]:
@@ -108,9 +109,14 @@ def spread_over(
     *,
     gpu_of: Callable[[str], str],
     in_use: Mapping[str, int],
+    packed: bool = False,
 ) -> list[str]:
     """The choice of `spread_replicas`, from each GPU's free replicas other than
-    `must_include`, lowest number first; the first `size` of each are enough."""
+    `must_include`, lowest number first; the first `size` of each are enough.
+
+    `packed` turns the spreading round: each next replica comes from the GPU with the
+    most replicas in use, this request's included, so that other GPUs stay free.
+    """
     picked = list(must_include)
     mine = Counter(gpu_of(r) for r in picked)
     # Every replica of one GPU ranks alike, so the choice is a GPU, then its lowest
@@ -118,6 +124,8 @@ def spread_over(
     queues = {gpu: list(reversed(free)) for gpu, free in free_by_gpu.items() if free}
 
     def rank(gpu: str) -> tuple[int, int, str]:
+        if packed:
+            return (-(in_use.get(gpu, 0) + mine[gpu]), 0, gpu)
         return (mine[gpu], in_use.get(gpu, 0) + mine[gpu], gpu)
 
     while len(picked) < size:

@@ -73,9 +73,7 @@ class GpuFamily:
     def _build(self, gpus: Sequence[Gpu]) -> list[GpuResource]:
         flags = self._config.flags
         options = AllocateOptions(
-            envvar="envvar" in flags.device_list_strategy,
-            cdi="cdi-cri" in flags.device_list_strategy,
-            pass_device_specs=flags.pass_device_specs,
+            flags=flags,
             fail_requests_greater_than_one=(
                 self._config.sharing.time_slicing.fail_requests_greater_than_one
             ),
@@ -96,9 +94,12 @@ class GpuFamily:
         plans = plan_resources(gpus, self._config, self._source)
         whole = [p for p in plans if whole_gpus(p)]
         paired = whole[0] if len(whole) == 1 and self._pairing is not None else None
-        if paired is not None and self._pairing is not None:
+        if self._pairing is not None:  # nothing paired ("") without one whole-GPU resource
             self._pairing.located(
-                paired.name, {u.id: by_uuid[u.gpu_uuid].location for u in paired.units}
+                "" if paired is None else paired.name,
+                {}
+                if paired is None
+                else {u.id: by_uuid[u.gpu_uuid].location for u in paired.units},
             )
         return [
             GpuResource(

@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from agents.config import Config
 from agents.errors import ConfigError
 from agents.gpu.discovery import Gpu
+
+log = structlog.get_logger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -20,9 +24,10 @@ class Unit:
 
     id: str
     gpu_uuid: str  # the physical GPU it lives on
-    visible_id: str  # what NVIDIA_VISIBLE_DEVICES names: GPU or MIG UUID
+    visible_id: str  # the GPU or MIG UUID that a container is told of
     numa: int | None
     replica: int | None = None
+    index: str = ""  # the same by index, as nvidia-smi numbers them: "0", or "0:1" for MIG
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
     groups: dict[str, list[Unit]] = {}
     for name, unit in _base_units(gpus, config, source):
         groups.setdefault(name, []).append(unit)
-    plans = [_shared(name, units, config, source) for name, units in sorted(groups.items())]
+    plans = [_shared(name, units, config) for name, units in sorted(groups.items())]
     names = [p.name for p in plans]
     for name in sorted({n for n in names if names.count(n) > 1}):
         # A rename onto a name the node already offers would serve two plugins as one.
@@ -51,45 +56,57 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
 
 def _base_units(gpus: Sequence[Gpu], config: Config, source: str) -> list[tuple[str, Unit]]:
     strategy = config.flags.mig_strategy
-    if strategy == "single":
-        _check_single(gpus, source)
+    if strategy == "single" and not _check_single(gpus, source):
+        strategy = "none"
     out = []
     for gpu in gpus:
         if strategy != "none" and gpu.mig_enabled:
-            for mig in gpu.mig:
+            for n, mig in enumerate(gpu.mig):  # NVML's order: n is the MIG device index
                 name = GPU_RESOURCE if strategy == "single" else MIG_PREFIX + mig.profile
-                out.append((name, Unit(mig.uuid, gpu.uuid, mig.uuid, gpu.numa)))
+                index = f"{gpu.index}:{n}"
+                out.append((name, Unit(mig.uuid, gpu.uuid, mig.uuid, gpu.numa, index=index)))
             continue
-        gpu_id = str(gpu.index) if config.flags.device_id_strategy == "index" else gpu.uuid
-        out.append((GPU_RESOURCE, Unit(gpu_id, gpu.uuid, gpu.uuid, gpu.numa)))
+        unit = Unit(gpu.uuid, gpu.uuid, gpu.uuid, gpu.numa, index=str(gpu.index))
+        out.append((GPU_RESOURCE, unit))
     return out
 
 
-def _check_single(gpus: Sequence[Gpu], source: str) -> None:
+def _check_single(gpus: Sequence[Gpu], source: str) -> bool:
+    """Whether MIG instances are served under `single`: False on a node without MIG,
+    whose whole GPUs are served instead, so that one config fits every node."""
+    if gpus and not any(g.mig_enabled for g in gpus):
+        log.warning(
+            "mig_strategy_without_mig",
+            strategy="single",
+            effect="no GPU is in MIG mode: whole GPUs are served as " + GPU_RESOURCE,
+        )
+        return False
     profiles = {m.profile for g in gpus for m in g.mig}
     whole = [g.uuid for g in gpus if not g.mig_enabled]
-    if whole or len(profiles) != 1:
+    empty = [g.uuid for g in gpus if g.mig_enabled and not g.mig]
+    if whole or empty or len(profiles) > 1:
         found = f"GPUs without MIG: {', '.join(whole)}; " if whole else ""
+        found += f"MIG GPUs without instances: {', '.join(empty)}; " if empty else ""
         raise ConfigError(
             source,
             "flags.migStrategy",
             "single needs every GPU in MIG mode with one profile; "
             f"found {found}profiles {sorted(profiles) or 'none'}",
         )
+    return True
 
 
-def _shared(name: str, units: list[Unit], config: Config, source: str) -> ResourcePlan:
+def _shared(name: str, units: list[Unit], config: Config) -> ResourcePlan:
     sharing = config.sharing.time_slicing
     entry = sharing.replicas_for(name)
     if entry is None:
         return ResourcePlan(name, tuple(units), replicated=False)
-    if entry.devices != "all":
-        raise ConfigError(
-            source, "sharing.timeSlicing.resources[].devices", "only 'all' is supported"
-        )
     renamed = sharing.advertised_name(name)
+    if entry.rename is not None:
+        # Honoured here although the v1 format's own plugin ignores it: say so once.
+        log.info("resource_renamed", resource=name, advertised=renamed, key="rename")
     replicas = tuple(
-        Unit(f"{u.id}{REPLICA_SEPARATOR}{n}", u.gpu_uuid, u.visible_id, u.numa, n)
+        Unit(f"{u.id}{REPLICA_SEPARATOR}{n}", u.gpu_uuid, u.visible_id, u.numa, n, u.index)
         for u in units
         for n in range(entry.replicas)
     )

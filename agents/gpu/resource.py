@@ -7,25 +7,23 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from agents.config import Flags
 from agents.core import gpu_choice
-from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.device import ContainerAllocation, Device
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
+from agents.gpu.allocation import container_allocation
 from agents.gpu.plan import ResourcePlan, Unit
 from agents.plugin.resource import Inventory
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-CDI_KIND = "nvidia.com/gpu"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 @dataclass(frozen=True)
 class AllocateOptions:
-    envvar: bool
-    cdi: bool
-    pass_device_specs: bool
+    flags: Flags  # device lists and IDs, device specs, driver features, replica policy
     fail_requests_greater_than_one: bool
     minors: Mapping[str, int]  # physical GPU UUID -> /dev/nvidia<minor>
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its /dev/nvidia-caps devices
@@ -95,17 +93,22 @@ class GpuResource:
             )
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
-        visible = list(dict.fromkeys(u.visible_id for u in units))
         opts = self._options
-        envs = {VISIBLE_DEVICES: ",".join(visible)} if opts.envvar else {}
-        cdi = tuple(f"{CDI_KIND}={v}" for v in visible) if opts.cdi else ()
-        specs: tuple[DeviceSpec, ...] = ()
-        if opts.pass_device_specs:
-            gpus = dict.fromkeys(u.gpu_uuid for u in units)
-            paths = [*CONTROL_DEVICES, *(f"/dev/nvidia{opts.minors[g]}" for g in gpus)]
-            paths += [cap for v in visible for cap in opts.mig_caps.get(v, ())]
-            specs = tuple(DeviceSpec(p, opts.dev_root + p, "rw") for p in paths)
-        return ContainerAllocation(envs=envs, devices=specs, cdi_devices=cdi)
+        by_index = opts.flags.device_id_strategy == "index"
+        names = list(dict.fromkeys(u.index if by_index else u.visible_id for u in units))
+        return container_allocation(
+            names, self._device_paths(units), opts.flags, dev_root=opts.dev_root
+        )
+
+    def _device_paths(self, units: Sequence[Unit]) -> list[str]:
+        """The device nodes a container opens its units through, for passDeviceSpecs."""
+        opts = self._options
+        if not opts.flags.pass_device_specs:
+            return []
+        gpus = dict.fromkeys(u.gpu_uuid for u in units)
+        paths = [*CONTROL_DEVICES, *(f"/dev/nvidia{opts.minors[g]}" for g in gpus)]
+        instances = dict.fromkeys(u.visible_id for u in units)
+        return paths + [cap for v in instances for cap in opts.mig_caps.get(v, ())]
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -149,8 +152,9 @@ class GpuResource:
             gpu: list(islice((r for r in order if r in offered), want))
             for gpu, order in replicas.order.items()
         }
+        packed = self._options.flags.shared_devices_allocation_policy == "packed"
         return gpu_choice.spread_over(
-            free_by_gpu, must, size, gpu_of=gpu_of.__getitem__, in_use=in_use
+            free_by_gpu, must, size, gpu_of=gpu_of.__getitem__, in_use=in_use, packed=packed
         )
 
     def _pack_mig(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:

@@ -2,16 +2,21 @@
 
 The device-plugin directory is watched with inotify: a new kubelet.sock means a kubelet
 (re)start, a deleted socket of ours means the kubelet cleaned the directory; both lead
-to a fresh server and a new Register. A ListAndWatch stream the kubelet ends while we
-run also leads to a new Register, since the kubelet never reopens it by itself.
+to a fresh server and a new Register. The kubelet's ListAndWatch stream ending while we
+run also leads to a new Register, since the kubelet never reopens it by itself; streams of
+other clients end without consequence. A resource without devices is neither served nor
+registered until it has some. While kubelet.sock is missing, the log says so now and then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -31,6 +36,7 @@ API_VERSION = "v1beta1"
 RETRY_INITIAL_S = 0.05
 RETRY_MAX_S = 2.0
 SUN_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
+WAITING_LOG_S = 30.0  # how often a missing kubelet.sock is logged again
 
 
 class PluginManager:
@@ -42,30 +48,21 @@ class PluginManager:
         resources: Sequence[Resource],
         *,
         telemetry: Telemetry | None = None,
-        before_preferred: Mapping[str, Callable[[], Awaitable[None]]] | None = None,
+        before_preferred: Callable[[str], Awaitable[None]] | None = None,
+        waiting_log_s: float = WAITING_LOG_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plugin_dir = plugin_dir
         self._telemetry = telemetry or NoTelemetry()
-        prepare = before_preferred or {}
-        self.servers = {
-            r.name: DevicePluginServer(
-                r,
-                plugin_dir,
-                on_stream_lost=self._stream_lost,
-                telemetry=self._telemetry,
-                before_preferred=prepare.get(r.name),
-            )
-            for r in resources
-        }
-        paths = [self.kubelet_socket, *(s.socket_path for s in self.servers.values())]
-        longest = max(paths, key=lambda p: len(os.fsencode(p)))
-        if len(os.fsencode(longest)) > SUN_PATH_MAX:
-            raise ConfigError(
-                "--device-plugin-dir",
-                str(plugin_dir),
-                f"a directory short enough for unix socket paths of at most {SUN_PATH_MAX} "
-                f"bytes; {longest} is {len(os.fsencode(longest))}",
-            )
+        # Facts to gather (pod-resources) before a resource's preferred answer, by name.
+        self._before_preferred = before_preferred
+        self._waiting_log_s = waiting_log_s
+        self._clock = clock
+        self._next_waiting_log: float | None = None
+        self.servers: dict[str, DevicePluginServer] = {}  # served (and to be registered)
+        self.idle: dict[str, DevicePluginServer] = {}  # no devices yet: neither
+        for resource in resources:
+            self._add(self._server(resource))
         self._unregistered: set[str] = set(self.servers)
         self._wake = asyncio.Event()
         self.registrations = 0
@@ -73,6 +70,43 @@ class PluginManager:
         # kubelet we already registered with (after a lost stream) needs no second Register,
         # which would restart the server and cut the stream that kubelet just opened.
         self._registered_with: dict[str, tuple[int, int]] = {}
+
+    def _server(self, resource: Resource) -> DevicePluginServer:
+        hook = self._before_preferred
+        server = DevicePluginServer(
+            resource,
+            self.plugin_dir,
+            on_stream_lost=self._stream_lost,
+            telemetry=self._telemetry,
+            before_preferred=None if hook is None else functools.partial(hook, resource.name),
+        )
+        for path in (self.kubelet_socket, server.socket_path):
+            if len(os.fsencode(path)) > SUN_PATH_MAX:
+                raise ConfigError(
+                    "--device-plugin-dir",
+                    str(self.plugin_dir),
+                    f"a directory short enough for unix socket paths of at most {SUN_PATH_MAX} "
+                    f"bytes; {path} is {len(os.fsencode(path))}",
+                )
+        return server
+
+    def _add(self, server: DevicePluginServer) -> None:
+        """File a new server as served, or as idle (with a log line) while it has no devices."""
+        name = server.resource.name
+        if server.resource.inventory.devices:
+            self.servers[name] = server
+        else:
+            self.idle[name] = server
+            log.info("resource_without_devices", resource=name, effect="not registered")
+
+    @property
+    def pending(self) -> frozenset[str]:
+        """Resources waiting for a Register."""
+        return frozenset(self._unregistered)
+
+    def serving(self) -> bool:
+        """Every resource that has devices is served."""
+        return all(s.serving for s in self.servers.values())
 
     @property
     def kubelet_socket(self) -> Path:
@@ -94,31 +128,92 @@ class PluginManager:
         """Serve and register until `stop` is set; then stop every server (sockets removed)."""
         with DirectoryWatch(self.plugin_dir) as watch:
             try:
-                for server in self.servers.values():
+                for server in list(self.servers.values()):
                     await server.start()
                 await self._loop(watch, stop)
             finally:
-                for server in self.servers.values():
+                for server in list(self.servers.values()):
                     await server.stop()
                 log.info("plugins_stopped", resources=sorted(self.servers))
+
+    async def replace(self, resources: Sequence[Resource], unchanged: Collection[str]) -> None:
+        """Serve `resources` from now on. A resource named in `unchanged` keeps its server
+        and streams; the others register anew (served afresh if the kubelet streams them),
+        and a resource that is no longer there stops being served."""
+        wanted = {r.name: r for r in resources}
+        for name in [n for n in [*self.servers, *self.idle] if n not in wanted]:
+            gone = self.servers.pop(name, None) or self.idle.pop(name)
+            self._unregistered.discard(name)
+            await gone.stop()
+            log.info("resource_withdrawn", resource=name)
+        for name, resource in wanted.items():
+            server = self.servers.get(name) or self.idle.get(name)
+            if server is None:
+                new = self._server(resource)
+                if resource.inventory.devices:
+                    await new.start()  # before the loop sees it, which would restart it
+                    self._unregistered.add(name)
+                self._add(new)
+                continue
+            register = name in self.servers and name not in unchanged
+            server.replace_resource(resource, streams_follow=not register)
+            if register:
+                self._unregistered.add(name)
+        self._wake.set()
+
+    async def _serve_idle(self) -> None:
+        """Serve and register the idle resources that have devices by now."""
+        for name, server in list(self.idle.items()):
+            if server.resource.inventory.devices:
+                log.info("resource_has_devices", resource=name)
+                await server.start()
+                self.servers[name] = self.idle.pop(name)
+                self._unregistered.add(name)
 
     async def _loop(self, watch: DirectoryWatch, stop: asyncio.Event) -> None:
         delay = RETRY_INITIAL_S
         while not stop.is_set():
             await self._handle(watch.drain())
-            if self._unregistered and self.kubelet_socket.exists():
+            await self._serve_idle()
+            present = self.kubelet_socket.exists()
+            if self._unregistered and present:
                 registered_all = await self._register_pending()
                 delay = RETRY_INITIAL_S if registered_all else min(delay * 2, RETRY_MAX_S)
-            retry_in = delay if self._unregistered and self.kubelet_socket.exists() else None
-            await self._wait(watch, stop, retry_in)
+            retry_in = delay if self._unregistered and present else None
+            await self._wait(watch, stop, self._log_waiting(present, retry_in))
+
+    def _log_waiting(self, present: bool, retry_in: float | None) -> float | None:
+        """Say that kubelet.sock is missing, now and every waiting_log_s while it stays so;
+        returns how long the loop may sleep."""
+        if present:
+            self._next_waiting_log = None
+            return retry_in
+        now = self._clock()
+        if self._next_waiting_log is None or now >= self._next_waiting_log:
+            log.warning(
+                "waiting_for_kubelet",
+                socket=str(self.kubelet_socket),
+                resources=sorted(self.servers),
+            )
+            self._next_waiting_log = now + self._waiting_log_s
+        until_log = self._next_waiting_log - now
+        return until_log if retry_in is None else min(retry_in, until_log)
 
     async def _wait(
         self, watch: DirectoryWatch, stop: asyncio.Event, retry_in: float | None
     ) -> None:
-        """Sleep until a directory event, a lost stream, stop, or `retry_in` seconds."""
+        """Sleep until a directory event, a lost stream, devices for an idle resource,
+        stop, or `retry_in` seconds."""
         self._wake.clear()
         events = asyncio.ensure_future(watch.next_batch())
-        others = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        others: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(stop.wait()),
+            asyncio.ensure_future(self._wake.wait()),
+        ]
+        others += [
+            asyncio.ensure_future(s.resource.inventory.wait_newer(s.resource.inventory.version))
+            for s in self.idle.values()
+        ]
         try:
             done, _ = await asyncio.wait(
                 [events, *others], timeout=retry_in, return_when=asyncio.FIRST_COMPLETED
@@ -141,7 +236,7 @@ class PluginManager:
                     for n in self.servers
                     if kubelet is None or self._registered_with.get(n) != kubelet
                 )
-        for name, server in self.servers.items():
+        for name, server in list(self.servers.items()):
             if not server.socket_present():
                 log.warning("plugin_socket_removed", resource=name)
                 await server.restart()
@@ -149,14 +244,15 @@ class PluginManager:
 
     async def _register_pending(self) -> bool:
         for name in sorted(self._unregistered):
-            if not await self._register(self.servers[name]):
+            server = self.servers.get(name)
+            if server is not None and not await self._register(server):
                 return False
             self._unregistered.discard(name)
         return True
 
     async def _register(self, server: DevicePluginServer) -> bool:
         name = server.resource.name
-        if server.open_streams or not server.socket_present():
+        if server.open_streams or server.frozen or not server.socket_present():
             # An old stream ending after a new Register can cut the new endpoint off:
             # serve afresh so every old stream is closed before we register. A starting
             # kubelet may also have removed our socket since the last look; registering
@@ -169,10 +265,12 @@ class PluginManager:
             options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
         )
         kubelet = self._kubelet_inode()
+        server.expect_kubelet()  # the kubelet opens its stream once it takes the Register
         try:
             async with grpc.aio.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
                 await pb_grpc.RegistrationStub(channel).Register(request, timeout=5)
         except grpc.aio.AioRpcError as exc:
+            server.expect_kubelet(False)
             log.warning("register_failed", resource=name, code=exc.code().name, error=exc.details())
             return False
         self.registrations += 1

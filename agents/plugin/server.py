@@ -41,8 +41,10 @@ def socket_name(resource: str) -> str:
 class DevicePluginServer:
     """Serves one resource; `start()` returns once the socket answers, `stop()` is idempotent.
 
-    on_stream_lost is called when the kubelet ends a ListAndWatch stream while we serve:
-    the kubelet never reopens it by itself, so the owner must register again.
+    on_stream_lost is called when the kubelet ends its ListAndWatch stream while we serve:
+    the kubelet never reopens it by itself, so the owner must register again. The kubelet's
+    stream is the first one opened after `expect_kubelet()` (called as we register): any
+    other client (a probe, grpcurl) may open and close streams without consequence.
     """
 
     def __init__(
@@ -64,6 +66,10 @@ class DevicePluginServer:
         self._server: Any = None
         self._closing = asyncio.Event()
         self._streams = 0
+        self._kubelet_streams = 0
+        self._expecting_kubelet = False
+        self._swapped = asyncio.Event()
+        self._frozen: asyncio.Event | None = None  # streams of this serving send no more
         self._socket_inode: int | None = None
 
     @property
@@ -73,6 +79,31 @@ class DevicePluginServer:
     @property
     def open_streams(self) -> int:
         return self._streams
+
+    @property
+    def kubelet_streams(self) -> int:
+        """Open streams taken to be the kubelet's (at most one unless it re-registered)."""
+        return self._kubelet_streams
+
+    @property
+    def frozen(self) -> bool:
+        """Whether this serving's streams were told to send no more (see replace_resource)."""
+        return self._frozen is self._closing
+
+    def expect_kubelet(self, expecting: bool = True) -> None:
+        """The next stream opened is the kubelet's: we are registering (or stop expecting)."""
+        self._expecting_kubelet = expecting
+
+    def replace_resource(self, resource: Resource, *, streams_follow: bool = True) -> None:
+        """Serve `resource` (same name) from now on. Open streams follow its inventory, or
+        (streams_follow=False, for a resource that registers anew) send nothing more."""
+        if resource.name != self.resource.name:
+            raise ValueError(f"{resource.name} cannot replace {self.resource.name}")
+        self.resource = resource
+        if not streams_follow:
+            self._frozen = self._closing
+        self._swapped.set()
+        self._swapped = asyncio.Event()
 
     def socket_present(self) -> bool:
         """True while our own socket file (not a stale or foreign one) is in place."""
@@ -141,24 +172,35 @@ class DevicePluginServer:
 
     async def stream(self) -> AsyncIterator[pb.ListAndWatchResponse]:
         """The ListAndWatch stream: the full list now, then on every change."""
-        inventory = self.resource.inventory
         closing = self._closing
+        kubelet, self._expecting_kubelet = self._expecting_kubelet, False
         self._streams += 1
-        sent = -1
+        self._kubelet_streams += kubelet
+        inventory, sent = self.resource.inventory, -1
         try:
             while not closing.is_set():
+                if self._frozen is closing:  # (self.frozen, for this stream's serving)
+                    await closing.wait()  # a new registration is coming: it brings the list
+                    break
+                if inventory is not self.resource.inventory:
+                    inventory, sent = self.resource.inventory, -1
                 if inventory.version != sent:
                     sent = inventory.version
                     yield wire.list_message(inventory.devices)
                     continue
-                await _first(inventory.wait_newer(sent), closing.wait())
+                await _first(inventory.wait_newer(sent), closing.wait(), self._swapped.wait())
         except asyncio.CancelledError:
-            if not closing.is_set():
+            if closing.is_set():
+                raise
+            if kubelet:
                 log.warning("list_and_watch_cancelled", resource=self.resource.name)
                 self._on_stream_lost(self.resource.name)
+            else:
+                log.info("list_and_watch_ended", resource=self.resource.name, client="other")
             raise
         finally:
             self._streams -= 1
+            self._kubelet_streams -= kubelet
 
     async def observed(self, method: str, call: Callable[[], Awaitable[T]], context: Any) -> T:
         """Run one unary RPC: map AllocationError to its status, never let others escape."""
@@ -199,7 +241,10 @@ async def _first(*waits: Awaitable[object]) -> None:
 class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def __init__(self, server: DevicePluginServer) -> None:
         self._server = server
-        self._resource = server.resource
+
+    @property
+    def _resource(self) -> Resource:
+        return self._server.resource
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> Any:
         return pb.DevicePluginOptions(

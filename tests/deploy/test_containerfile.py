@@ -146,6 +146,38 @@ def test_image_user_is_the_uid_the_daemonset_runs_as(parsed: list[Stage]) -> Non
     assert users[-1].args == str(container["securityContext"]["runAsUser"])
 
 
+def image_env(stage: Stage) -> dict[str, str]:
+    """ENV of a stage, in its KEY=VALUE form (the only one this file uses)."""
+    pairs = [word.split("=", 1) for i in stage.all("ENV") for word in i.args.split()]
+    assert all(len(pair) == 2 for pair in pairs), "ENV KEY=VALUE only"
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def test_image_leaves_the_gpu_variables_to_the_daemonset_so_roce_only_has_none(
+    parsed: list[Stage],
+) -> None:
+    # The runtime's GPU hook acts on NVIDIA_VISIBLE_DEVICES from the image as much as from
+    # the pod: set in the image, the roce-only overlay could not take it away, and on a
+    # node without a GPU driver the container would fail to start.
+    from tests.deploy.manifests import agent_container, render
+
+    image = image_env(parsed[-1])
+    assert "PYTHONUNBUFFERED" in image
+    for variant in ("daemonset", "daemonset/overlays/roce-only"):
+        pod = {e["name"] for e in agent_container(render(variant)).get("env", [])}
+        seen = {k for k in (*image, *pod) if k.startswith("NVIDIA_")}
+        expected = (
+            set()
+            if variant.endswith("roce-only")
+            else {
+                "NVIDIA_VISIBLE_DEVICES",
+                "NVIDIA_DRIVER_CAPABILITIES",
+            }
+        )
+        assert seen == expected, variant
+    assert not any(k.startswith("NVIDIA_") for k in image)
+
+
 def test_build_context_leaves_out_venv_git_and_tests() -> None:
     ignored = {
         line.strip().rstrip("/")

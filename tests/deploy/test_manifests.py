@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 import pytest
 import yaml
 
-from agents.cli import build_parser
+from agents.cli import parse_args
 from agents.config import parse_config
 from tests.deploy.manifests import (
     DAEMONSET_DIR,
@@ -232,11 +232,39 @@ def _config_volume_name(objs: list[Obj]) -> str:
     return names[0]
 
 
-def test_base_runs_every_family_on_gpu_nodes() -> None:
+GPU_NODE_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",  # node-feature-discovery: an NVIDIA device
+    "nvidia.com/gpu.present",  # NVIDIA's GPU feature discovery
+    "node-agents.io/gpu-node",  # ours, set by the operator where neither runs
+)
+RDMA_NODE_LABELS = (
+    "feature.node.kubernetes.io/rdma.capable",  # node-feature-discovery's built-in rule
+    "feature.node.kubernetes.io/pci-15b3.present",  # NFD: a Mellanox/NVIDIA NIC
+    "node-agents.io/rdma-node",  # ours
+)
+OVERLAYS = ("daemonset/overlays/gpu-only", "daemonset/overlays/roce-only")
+
+
+def node_terms(objs: list[Obj]) -> list[list[tuple[str, str, tuple[str, ...]]]]:
+    """The DaemonSet's required node affinity: a list of ORed terms of ANDed expressions."""
+    spec = pod_spec(objs)
+    assert "nodeSelector" not in spec, "a nodeSelector would AND with the affinity's terms"
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [
+        [(e["key"], e["operator"], tuple(e.get("values", ()))) for e in term["matchExpressions"]]
+        for term in required["nodeSelectorTerms"]
+    ]
+
+
+def any_of(*labels: str) -> list[list[tuple[str, str, tuple[str, ...]]]]:
+    return [[(label, "In", ("true",))] for label in labels]
+
+
+def test_base_runs_every_family_on_nodes_labelled_as_gpu_nodes_by_nfd_gfd_or_us() -> None:
     objs = render("daemonset")
     container = agent_container(objs)
     assert flag(container["args"], "--families") is None
-    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/gpu-node": "true"}
+    assert node_terms(objs) == any_of(*GPU_NODE_LABELS)
     assert env(container)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
 
 
@@ -244,7 +272,7 @@ def test_gpu_only_overlay_runs_the_gpu_family_on_gpu_nodes() -> None:
     objs = render("daemonset/overlays/gpu-only")
     container = agent_container(objs)
     assert flag(container["args"], "--families") == "gpu"
-    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/gpu-node": "true"}
+    assert node_terms(objs) == any_of(*GPU_NODE_LABELS)
     assert env(container)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
 
 
@@ -252,16 +280,50 @@ def test_roce_only_overlay_runs_the_roce_family_on_rdma_nodes_without_gpu_access
     objs = render("daemonset/overlays/roce-only")
     container = agent_container(objs)
     assert flag(container["args"], "--families") == "roce"
-    assert pod_spec(objs)["nodeSelector"] == {"node-agents.io/rdma-node": "true"}
+    assert node_terms(objs) == any_of(*RDMA_NODE_LABELS)
     assert not any(name.startswith("NVIDIA_") for name in env(container))
     assert "NODE_NAME" in env(container)
 
 
-def test_overlays_only_add_the_families_flag_to_the_base_args() -> None:
+def test_overlays_only_add_the_families_flag_and_a_feature_file_of_their_own() -> None:
     base = agent_container(render("daemonset"))["args"]
+    nfd = flag(base, "--nfd-features-file")
     for overlay, family in (("gpu-only", "gpu"), ("roce-only", "roce")):
         args = agent_container(render(f"daemonset/overlays/{overlay}"))["args"]
-        assert args == [*base, "--families", family]
+        own = [f"{a}-{family}" if a == nfd else a for a in base]
+        assert args == [*own, "--families", family]
+
+
+def test_gpu_only_and_roce_only_can_run_side_by_side() -> None:
+    gpu, roce = (render(v) for v in OVERLAYS)
+    names = [{(o["kind"], o["metadata"]["name"]) for o in objs} for objs in (gpu, roce)]
+    # The Namespace is the same object in both; nothing else is shared.
+    assert names[0] & names[1] == {("Namespace", NAMESPACE)}
+    selectors = [only(objs, "DaemonSet")["spec"]["selector"]["matchLabels"] for objs in (gpu, roce)]
+    for selector, other in ((gpu, roce), (roce, gpu)):
+        pod_labels = only(other, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+        own = only(selector, "DaemonSet")["spec"]["selector"]["matchLabels"]
+        assert not own.items() <= pod_labels.items(), "a DaemonSet would select the other's pods"
+    assert selectors[0] != selectors[1]
+    # Two agents on one node: their own feature files, and never the same host port.
+    files = {flag(agent_container(objs)["args"], "--nfd-features-file") for objs in (gpu, roce)}
+    assert len(files) == 2
+    assert [pod_spec(objs).get("hostNetwork", False) for objs in (gpu, roce)].count(True) <= 1
+
+
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+
+
+@variants
+def test_pod_resources_are_mounted_read_only_where_the_agent_is_told_to_look(
+    variant: str,
+) -> None:
+    objs = render(variant)
+    mounts = {host: m for host, m in host_path_mounts(objs)}
+    assert mounts[POD_RESOURCES_DIR]["mountPath"] == POD_RESOURCES_DIR
+    assert mounts[POD_RESOURCES_DIR]["readOnly"] is True
+    socket = flag(agent_container(objs)["args"], "--pod-resources-socket")
+    assert socket == f"{POD_RESOURCES_DIR}/kubelet.sock"
 
 
 @variants
@@ -287,5 +349,5 @@ def test_container_args_are_accepted_by_the_agents_command_line(variant: str) ->
     args = agent_container(render(variant))["args"]
     # The image's ENTRYPOINT is node-agent, so args are its whole command line; a flag
     # the agent does not know would exit 2 here as it would crash-loop on every node.
-    opts = build_parser().parse_args(args)
+    opts = parse_args(args)
     assert opts.command == "run"

@@ -165,21 +165,75 @@ async def test_stream_cancelled_by_the_kubelet_leads_to_a_new_registration(
     assert listed(NIC, 8)(kubelet)
 
 
-async def test_stream_cancelled_by_any_client_leads_to_a_new_registration(
-    agent: RunningAgent, kubelet: Kubelet, plugin_dir: Path
+@contextlib.asynccontextmanager
+async def other_client_stream(socket: Path) -> AsyncIterator[Any]:
+    """A ListAndWatch stream of another client (a probe, grpcurl), open until the block ends."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        call = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
+        assert len((await asyncio.wait_for(call.read(), WAIT)).devices) > 0
+        try:
+            yield call
+        finally:
+            call.cancel()
+
+
+async def test_other_clients_open_and_close_streams_without_a_new_registration(
+    agent: RunningAgent,
+    kubelet: Kubelet,
+    plugin_dir: Path,
+    node_doc: dict[str, Any],
+    edit_node: EditNode,
 ) -> None:
     await kubelet.wait_until(everything_listed, WAIT)
     before = len(kubelet.registrations)
-    view = kubelet.resource(NIC)
-    assert view is not None
-    async with grpc.aio.insecure_channel(f"unix://{plugin_dir / view.endpoint}") as channel:
-        call = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
-        assert len((await asyncio.wait_for(call.read(), WAIT)).devices) == 8
-        call.cancel()
+    endpoint = kubelet.endpoint(NIC)
+    assert endpoint is not None
+    manager = agent.agent.manager
+    assert manager is not None
+    server = manager.servers[NIC]
+    assert server.open_streams == 1
 
-    await kubelet.wait_until(lambda k: len(k.registrations) > before, WAIT)
-    await kubelet.wait_until(everything_listed, WAIT)
-    assert [r.resource_name for r in kubelet.registrations[before:]] == [NIC]
+    for _ in range(3):
+        async with other_client_stream(plugin_dir / endpoint.socket.name):
+            assert server.open_streams == 2
+        await async_wait_until(lambda: server.open_streams == 1, WAIT, "other stream ended")
+        assert NIC not in manager.pending
+
+    # The kubelet's own stream is the one still open: it carries the next change.
+    victim = node_doc["nics"][0]["pci"]
+    edit_node(lambda d: d["nics"][0].__setitem__("link", "down"))
+    await kubelet.wait_until(lambda k: health(k, NIC, victim) == "Unhealthy", WAIT)
+    assert kubelet.endpoint(NIC) is endpoint
+    assert len(kubelet.registrations) == before
+    assert listed(NIC, 8, healthy=7)(kubelet)
+
+
+async def test_kubelet_stream_lost_while_another_client_streams_registers_once_and_connects(
+    agent: RunningAgent, plugin_dir: Path
+) -> None:
+    kubelet = Kubelet(plugin_dir, seed=7, stale_stream_bug=True)
+    await kubelet.start()
+    try:
+        await kubelet.wait_until(everything_listed, WAIT)
+        before = len(kubelet.registrations)
+        endpoint = kubelet.endpoint(GPU)
+        assert endpoint is not None
+        async with other_client_stream(plugin_dir / endpoint.socket.name):
+            await endpoint.close()  # the kubelet's stream ends; the other one stays
+
+            await kubelet.wait_until(
+                lambda k: k.endpoint(GPU) is not endpoint and listed(GPU, 8)(k), WAIT
+            )
+        # Every stream of the old server was closed before the new Register, so no old
+        # stream ending later can cut the new endpoint off (kubelet's stale-stream bug).
+        await async_wait_until(
+            lambda: all(s.open_streams <= 1 for s in servers(agent)), WAIT, "old streams closed"
+        )
+        await kubelet.wait_until(everything_listed, WAIT)
+        assert [r.resource_name for r in kubelet.registrations[before:]] == [GPU]
+        assert all(r.error is None for r in kubelet.registrations)
+    finally:
+        await kubelet.stop()
 
 
 async def test_reregistration_keeps_the_resource_connected_despite_the_stale_stream_bug(

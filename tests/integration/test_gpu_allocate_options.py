@@ -21,9 +21,9 @@ from agents.config import Config
 from agents.core.topology import Distance, distance
 from agents.daemon import Agent, Backends
 from agents.errors import BackendError
+from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import GPU_RESOURCE
-from agents.gpu.resource import VISIBLE_DEVICES
 from agents.hw.nvml_backend import NvmlBackend
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
@@ -82,14 +82,17 @@ async def test_device_list_strategy_chooses_env_and_cdi_names(
         assert cdi == (sorted(f"nvidia.com/gpu={u}" for u in ids) if want_cdi else [])
 
 
-async def test_index_ids_are_0_to_7_and_env_still_names_uuids(tmp_path: Path) -> None:
+async def test_index_strategy_keeps_uuid_ids_and_tells_the_container_indices(
+    tmp_path: Path,
+) -> None:
     cfg = "version: v1\nflags:\n  plugin:\n    deviceIDStrategy: index\n"
     async with running_agent(tmp_path, cfg) as run:
         await run.registered({GPU_RESOURCE: GPUS})
-        assert set(run.devices()) == {str(n) for n in range(GPUS)}
-        ids, answer = await admit(run, "p", 3)
         uuids = run.gpu_uuids()
-        assert sorted(answer.envs[VISIBLE_DEVICES].split(",")) == sorted(uuids[int(i)] for i in ids)
+        assert set(run.devices()) == set(uuids)
+        ids, answer = await admit(run, "p", 3)
+        told = answer.envs[VISIBLE_DEVICES].split(",")
+        assert sorted(told) == sorted(str(uuids.index(i)) for i in ids)
 
 
 async def test_pass_device_specs_gives_control_and_gpu_nodes_under_the_dev_root(

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from agents.config import TimeSlicedResource
+from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.plan import GPU_RESOURCE
-from agents.gpu.resource import VISIBLE_DEVICES
 from agents.standin.endpoint import PluginEndpoint, PluginError
 from agents.standin.kubelet import AdmissionError, Container, Pod
 from tests.integration.gpu_agent import WAIT, Running, config, running_agent

@@ -14,9 +14,9 @@ import pytest
 import structlog
 
 from agents.errors import ConfigError
+from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
-from agents.gpu.resource import VISIBLE_DEVICES
 from agents.hw.nvidia_caps import access_files
 from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node

@@ -67,36 +67,47 @@ sharing:
       replicas: 4
 """
 
+TS = "sharing: {timeSlicing: %s}\n"
+
 ESTABLISHED_EVERY_KEY = """\
 version: v1
 flags:
   migStrategy: single
   failOnInitError: false
   mpsRoot: /run/nvidia/mps
-  nvidiaDriverRoot: /
+  nvidiaDriverRoot: /run/nvidia/driver
   nvidiaDevRoot: /
-  gdsEnabled: false
+  gdrcopyEnabled: true
+  gdsEnabled: true
   mofedEnabled: false
   useNodeFeatureAPI: false
   deviceDiscoveryStrategy: auto
   plugin:
-    passDeviceSpecs: false
-    deviceListStrategy: [envvar, cdi-cri]
-    deviceIDStrategy: uuid
-    cdiAnnotationPrefix: cdi.k8s.io/
+    passDeviceSpecs: true
+    deviceListStrategy: [envvar, volume-mounts, cdi-annotations, cdi-cri]
+    deviceIDStrategy: index
+    cdiAnnotationPrefix: cdi.example.com/
     nvidiaCTKPath: /usr/bin/nvidia-ctk
     containerDriverRoot: /driver-root
+    sharedDevicesAllocationPolicy: packed
   gfd:
     oneshot: false
     noTimestamp: false
-    sleepInterval: 60s
+    sleepInterval: infinite
     outputFile: /etc/kubernetes/node-feature-discovery/features.d/gfd
     machineTypeFile: /sys/class/dmi/id/product_name
 resources:
-  gpus: []
+  gpus: [{pattern: '*A100*', name: a100}]
+  mig: [{pattern: '1g.10gb', name: mig-small}]
 sharing:
-  mps: {}
-  timeSlicing: {}
+  timeSlicing:
+    renameByDefault: false
+    failRequestsGreaterThanOne: true
+    resources:
+    - {name: nvidia.com/gpu, rename: gpu-ts, replicas: 2, devices: [0, 'GPU-3b1f']}
+imex:
+  channelIDs: []
+  required: false
 """
 
 
@@ -112,7 +123,9 @@ def test_spec_example_parses_to_the_documented_values() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "# only a comment\n", "---\n", "{}\n"], ids=["empty", "comment", "marker", "map"]
+    "text",
+    ["", "# only a comment\n", "---\n", "{}\n", "version: ''\n", "version: v1\n"],
+    ids=["empty", "comment", "marker", "map", "empty-version", "version-only"],
 )
 def test_empty_document_gives_the_defaults(text: str) -> None:
     assert parse_config(text, "c.yaml") == Config.default()
@@ -125,30 +138,102 @@ def test_established_time_slicing_config_is_accepted_unchanged() -> None:
         device_id_strategy="index",
         device_list_strategy=frozenset({"envvar"}),
         pass_device_specs=True,
+        nvidia_driver_root="/run/nvidia/driver",
     )
+    assert config.flags.host_dev_root == "/run/nvidia/driver"
     ts = config.sharing.time_slicing
     assert ts.rename_by_default and ts.fail_requests_greater_than_one
     assert ts.replicas_for("nvidia.com/gpu") == TimeSlicedResource("nvidia.com/gpu", 4)
     assert ts.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
-    assert config.ignored_keys == ("flags.nvidiaDriverRoot",)
+    assert config.ignored_keys == ()
 
 
-def test_every_established_key_is_accepted_and_inert_ones_are_listed() -> None:
+def test_every_established_key_is_read_and_inert_ones_are_listed() -> None:
     config = parse_config(ESTABLISHED_EVERY_KEY, "c.yaml")
-    assert config.flags.mig_strategy == "single"
-    assert config.flags.device_list_strategy == {"envvar", "cdi-cri"}
-    assert not config.flags.fail_on_init_error
+    assert config.flags == Flags(
+        mig_strategy="single",
+        fail_on_init_error=False,
+        device_id_strategy="index",
+        device_list_strategy=frozenset({"envvar", "volume-mounts", "cdi-annotations", "cdi-cri"}),
+        pass_device_specs=True,
+        gds_enabled=True,
+        gdrcopy_enabled=True,
+        nvidia_driver_root="/run/nvidia/driver",
+        nvidia_dev_root="/",
+        cdi_annotation_prefix="cdi.example.com/",
+        shared_devices_allocation_policy="packed",
+    )
+    assert config.flags.host_dev_root == "/"
+    ts = config.sharing.time_slicing
+    assert ts.resources == (TimeSlicedResource("nvidia.com/gpu", 2, "nvidia.com/gpu-ts"),)
     assert set(config.ignored_keys) == {
-        *(f"flags.plugin.{k}" for k in ("cdiAnnotationPrefix", "nvidiaCTKPath")),
-        "flags.plugin.containerDriverRoot",
-        *(f"flags.{k}" for k in ("mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot")),
-        *(f"flags.{k}" for k in ("gdsEnabled", "mofedEnabled", "useNodeFeatureAPI")),
-        "flags.deviceDiscoveryStrategy",
+        *(f"flags.plugin.{k}" for k in ("nvidiaCTKPath", "containerDriverRoot")),
+        *(f"flags.{k}" for k in ("mpsRoot", "useNodeFeatureAPI", "deviceDiscoveryStrategy")),
+        "flags.nvidiaDriverRoot",  # nvidiaDevRoot is given: the device nodes are there
         *(f"flags.gfd.{k}" for k in ("oneshot", "noTimestamp", "sleepInterval")),
         *(f"flags.gfd.{k}" for k in ("outputFile", "machineTypeFile")),
-        "resources",
-        "sharing.mps",
+        "resources.gpus",
+        "resources.mig",
+        "sharing.timeSlicing.resources[0].devices",
+        "imex.channelIDs",
+        "imex.required",
     }
+    assert len(config.ignored_keys) == len(set(config.ignored_keys))
+
+
+@pytest.mark.parametrize(
+    ("text", "ignored"),
+    [
+        ("flags: {nvidiaDriverRoot: /run/nvidia/driver}", ["flags.nvidiaDriverRoot"]),
+        (
+            "flags: {nvidiaDevRoot: /, plugin: {passDeviceSpecs: true,"
+            " deviceListStrategy: cdi-cri}}",
+            ["flags.nvidiaDevRoot"],
+        ),
+        ("flags: {nvidiaDriverRoot: /run/nvidia/driver, passDeviceSpecs: true}", []),
+        (
+            "flags: {nvidiaDriverRoot: /a, nvidiaDevRoot: /b, passDeviceSpecs: true}",
+            ["flags.nvidiaDriverRoot"],
+        ),
+        ("flags: {plugin: {cdiAnnotationPrefix: a.b/}}", ["flags.plugin.cdiAnnotationPrefix"]),
+        (
+            "flags: {plugin: {cdiAnnotationPrefix: a.b/, deviceListStrategy: cdi-annotations}}",
+            [],
+        ),
+        (TS % "{resources: [{name: gpu, replicas: 2, devices: all}]}", []),
+        (
+            TS % "{resources: [{name: gpu, replicas: 2, devices: 3}]}",
+            ["sharing.timeSlicing.resources[0].devices"],
+        ),
+        (
+            TS % "{resources: [{name: gpu, replicas: 2, devices: ['MIG-GPU-3b1f/1/0', '0:1']}]}",
+            ["sharing.timeSlicing.resources[0].devices"],
+        ),
+        ("resources: {gpus: []}", []),
+        ("resources: {mig: [{pattern: '*', name: mig}]}", ["resources.mig"]),
+        ("imex: {required: true}", ["imex.required"]),
+        ("flags: {gfd: {sleepInterval: 1h30m}}", ["flags.gfd.sleepInterval"]),
+        ("flags: {gfd: {sleepInterval: 60000000000}}", ["flags.gfd.sleepInterval"]),
+    ],
+    ids=[
+        "driver-root-without-device-specs",
+        "dev-root-with-cdi-only",
+        "driver-root-with-device-specs",
+        "driver-root-under-a-dev-root",
+        "annotation-prefix-without-cdi-annotations",
+        "annotation-prefix-with-cdi-annotations",
+        "devices-all",
+        "devices-count",
+        "devices-mig-refs",
+        "empty-pattern-list",
+        "pattern-renames",
+        "imex-without-channels",
+        "gfd-duration",
+        "gfd-nanoseconds",
+    ],
+)
+def test_keys_without_effect_are_listed_once(text: str, ignored: list[str]) -> None:
+    assert list(parse_config(text + "\n", "c.yaml").ignored_keys) == ignored
 
 
 @pytest.mark.parametrize(
@@ -166,6 +251,23 @@ def test_every_established_key_is_accepted_and_inert_ones_are_listed() -> None:
         ("{plugin: {deviceIDStrategy: index}}", Flags(device_id_strategy="index")),
         ("{failOnInitError: false}", Flags(fail_on_init_error=False)),
         ("{migStrategy: mixed, plugin: null}", Flags(mig_strategy="mixed")),
+        (
+            "{plugin: {deviceListStrategy: volume-mounts}}",
+            Flags(device_list_strategy=frozenset({"volume-mounts"})),
+        ),
+        (
+            "{plugin: {deviceListStrategy: [cdi-annotations, cdi-cri]}}",
+            Flags(device_list_strategy=frozenset({"cdi-annotations", "cdi-cri"})),
+        ),
+        (
+            "{gdsEnabled: true, mofedEnabled: true, gdrcopyEnabled: true}",
+            Flags(gds_enabled=True, mofed_enabled=True, gdrcopy_enabled=True),
+        ),
+        (
+            "{plugin: {sharedDevicesAllocationPolicy: packed}}",
+            Flags(shared_devices_allocation_policy="packed"),
+        ),
+        ("{nvidiaDriverRoot: '', nvidiaDevRoot: ''}", Flags()),
     ],
     ids=[
         "plugin-only",
@@ -176,51 +278,39 @@ def test_every_established_key_is_accepted_and_inert_ones_are_listed() -> None:
         "plugin-id-strategy",
         "fail-on-init",
         "null-section",
+        "volume-mounts",
+        "both-cdi",
+        "driver-features",
+        "packed",
+        "empty-roots",
     ],
 )
 def test_plugin_and_flat_flags_are_the_same_settings(flags: str, expected: Flags) -> None:
     assert parse_config(f"flags: {flags}\n", "c.yaml").flags == expected
 
 
-TS = "sharing: {timeSlicing: %s}\n"
-
-
 @pytest.mark.parametrize(
-    ("time_slicing", "resource", "advertised", "devices"),
+    ("time_slicing", "resource", "advertised"),
     [
-        (
-            "{resources: [{name: nvidia.com/gpu, replicas: 2}]}",
-            "nvidia.com/gpu",
-            "nvidia.com/gpu",
-            "all",
-        ),
+        ("{resources: [{name: nvidia.com/gpu, replicas: 2}]}", "nvidia.com/gpu", "nvidia.com/gpu"),
         (
             "{renameByDefault: true, resources: [{name: nvidia.com/mig-1g.10gb, replicas: 2}]}",
             "nvidia.com/mig-1g.10gb",
             "nvidia.com/mig-1g.10gb.shared",
-            "all",
         ),
         (
             "{resources: [{name: gpu, rename: gpu-shared, replicas: 3, devices: 2}]}",
             "nvidia.com/gpu",
             "nvidia.com/gpu-shared",
-            2,
-        ),
-        (
-            "{resources: [{name: nvidia.com/gpu, replicas: 3, devices: [0, '1:0', GPU-3b1f]}]}",
-            "nvidia.com/gpu",
-            "nvidia.com/gpu",
-            ("0", "1:0", "GPU-3b1f"),
         ),
     ],
-    ids=["plain", "rename-by-default", "bare-names-and-count", "device-list"],
+    ids=["plain", "rename-by-default", "bare-names"],
 )
-def test_time_sliced_resources_resolve_their_advertised_name_and_devices(
-    time_slicing: str, resource: str, advertised: str, devices: object
+def test_time_sliced_resources_resolve_their_advertised_name(
+    time_slicing: str, resource: str, advertised: str
 ) -> None:
     ts = parse_config(TS % time_slicing, "c.yaml").sharing.time_slicing
-    entry = ts.replicas_for(resource)
-    assert entry is not None and entry.devices == devices
+    assert ts.replicas_for(resource) is not None
     assert ts.advertised_name(resource) == advertised
     assert ts.replicas_for("nvidia.com/mig-7g.80gb") is None
     assert ts.advertised_name("nvidia.com/mig-7g.80gb") == "nvidia.com/mig-7g.80gb"
@@ -276,9 +366,9 @@ BAD = [
     ("section-as-list", "flags: []\n", "flags", "a mapping, got a list"),
     (
         "list-strategy-unknown",
-        "flags: {deviceListStrategy: [envvar, volume-mounts]}\n",
+        "flags: {deviceListStrategy: [envvar, volume-mount]}\n",
         "flags.deviceListStrategy[1]",
-        "one of envvar, cdi-cri, got 'volume-mounts'",
+        "one of envvar, volume-mounts, cdi-annotations, cdi-cri, got 'volume-mount'",
     ),
     (
         "list-strategy-empty",
@@ -374,22 +464,69 @@ BAD = [
     (
         "mps-resources",
         "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
-        "sharing.mps.resources",
-        "not supported",
+        "sharing.mps",
+        "not supported: MPS sharing needs an MPS control daemon",
+    ),
+    ("mps-empty", "sharing: {mps: {}}\n", "sharing.mps", "not supported"),
+    (
+        "mps-typo-named-first",
+        "sharing: {mps: {resource: []}}\n",
+        "sharing.mps.resource",
+        "unknown key",
     ),
     (
-        "pattern-renames",
-        "resources: {gpus: [{pattern: '*A100*', name: a100}]}\n",
-        "resources.gpus[0]",
-        "not supported",
+        "pattern-rename-without-name",
+        "resources: {gpus: [{pattern: '*A100*'}]}\n",
+        "resources.gpus[0].name",
+        "required",
+    ),
+    (
+        "pattern-rename-unknown-key",
+        "resources: {gpus: [{pattern: '*A100*', name: a, devices: all}]}\n",
+        "resources.gpus[0].devices",
+        "unknown key",
     ),
     ("imex-channels", "imex: {channelIDs: [0]}\n", "imex.channelIDs", "not supported"),
+    ("imex-channel-negative", "imex: {channelIDs: [-1]}\n", "imex.channelIDs[0]", ">= 0"),
+    ("imex-required-string", "imex: {required: 'yes'}\n", "imex.required", "true or false"),
+    (
+        "shared-policy",
+        "flags: {plugin: {sharedDevicesAllocationPolicy: spread}}\n",
+        "flags.plugin.sharedDevicesAllocationPolicy",
+        "one of distributed, packed, got 'spread'",
+    ),
+    (
+        "annotation-prefix-without-slash",
+        "flags: {plugin: {cdiAnnotationPrefix: cdi.k8s.io}}\n",
+        "flags.plugin.cdiAnnotationPrefix",
+        "an annotation key prefix such as cdi.k8s.io/",
+    ),
+    (
+        "driver-root-relative",
+        "flags: {nvidiaDriverRoot: run/nvidia/driver}\n",
+        "flags.nvidiaDriverRoot",
+        "an absolute path",
+    ),
+    ("gds-string", "flags: {gdsEnabled: 'yes'}\n", "flags.gdsEnabled", "true or false"),
+    ("gdrcopy-int", "flags: {gdrcopyEnabled: 1}\n", "flags.gdrcopyEnabled", "true or false"),
+    (
+        "discovery-strategy",
+        "flags: {deviceDiscoveryStrategy: pci}\n",
+        "flags.deviceDiscoveryStrategy",
+        "one of auto, nvml, tegra",
+    ),
+    (
+        "sleep-interval",
+        "flags: {gfd: {sleepInterval: forever}}\n",
+        "flags.gfd.sleepInterval",
+        "a duration such as 60s, or infinite",
+    ),
     ("gfd-bool", "flags: {gfd: {oneshot: maybe}}\n", "flags.gfd.oneshot", "true or false"),
     (
         "driver-root-int",
         "flags: {nvidiaDriverRoot: 1}\n",
         "flags.nvidiaDriverRoot",
-        "a string, got 1",
+        "an absolute path such as /run/nvidia/driver, got 1",
     ),
     (
         "roce-resource-name",
@@ -502,6 +639,8 @@ KNOWN_KEYS = [
     *("migStrategy", "failOnInitError", "deviceIDStrategy", "deviceListStrategy", "plugin"),
     *("passDeviceSpecs", "gfd", "timeSlicing", "mps", "name", "replicas", "rename", "devices"),
     *("selectors", "vendors", "linkLayers", "enabled", "disabledXids", "gpus", "channelIDs"),
+    *("gdsEnabled", "mofedEnabled", "gdrcopyEnabled", "nvidiaDriverRoot", "nvidiaDevRoot"),
+    *("cdiAnnotationPrefix", "sharedDevicesAllocationPolicy", "mig", "pattern", "required"),
 ]
 SCALARS = st.none() | st.booleans() | st.integers(-5, 10**20) | st.floats() | st.text(max_size=12)
 VALUES = st.recursive(

@@ -209,6 +209,36 @@ def test_spread_replicas_small_cases(
     assert got == expected
 
 
+@pytest.mark.parametrize(
+    ("available", "must", "size", "in_use", "expected"),
+    [
+        ({"g0": 2, "g1": 2}, [], 2, {}, ["g0::0", "g0::1"]),
+        ({"g0": 4, "g1": 4, "g2": 4}, [], 2, {"g1": 1}, ["g1::0", "g1::1"]),
+        ({"g0": 4, "g1": 4}, ["g1::3"], 2, {}, ["g1::3", "g1::0"]),
+        ({"g0": 1, "g1": 3}, [], 3, {"g0": 3}, ["g0::0", "g1::0", "g1::1"]),
+        ({"g0": 2, "g1": 2}, [], 1, {"g0": 1, "g1": 2}, ["g1::0"]),
+    ],
+    ids=[
+        "fills-one-gpu-first",
+        "most-loaded-gpu-first",
+        "must-include-counts-as-load",
+        "next-gpu-when-one-is-full",
+        "most-loaded-of-the-free",
+    ],
+)
+def test_packed_replicas_fill_the_most_used_gpus_first(
+    available: dict[str, int],
+    must: list[str],
+    size: int,
+    in_use: dict[str, int],
+    expected: list[str],
+) -> None:
+    got = spread_replicas(
+        replica_ids(available), must, size, gpu_of=gpu_of, in_use=in_use, packed=True
+    )
+    assert got == expected
+
+
 replica_states = st.dictionaries(
     st.sampled_from([f"GPU-{i}" for i in range(6)]), st.integers(1, 4), min_size=1
 ).flatmap(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+import structlog
 
 from agents.config import parse_config
 from agents.errors import ConfigError
@@ -56,7 +57,7 @@ def sliced(replicas: int, *, name: str = "nvidia.com/gpu", extra: str = "") -> s
     ("gpus", "config", "expected"),
     [
         (TWO_WHOLE, "", {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}),
-        (TWO_WHOLE, "flags: {deviceIDStrategy: index}", {"nvidia.com/gpu": ["0", "1"]}),
+        (TWO_WHOLE, "flags: {deviceIDStrategy: index}", {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}),
         (MIXED_NODE, "flags: {migStrategy: none}", {"nvidia.com/gpu": ["GPU-0", "GPU-1"]}),
         (
             MIXED_NODE,
@@ -71,7 +72,7 @@ def sliced(replicas: int, *, name: str = "nvidia.com/gpu", extra: str = "") -> s
             MIXED_NODE,
             "flags: {migStrategy: mixed, deviceIDStrategy: index}",
             {
-                "nvidia.com/gpu": ["1"],
+                "nvidia.com/gpu": ["GPU-1"],
                 "nvidia.com/mig-1g.10gb": ["MIG-0-0", "MIG-0-1"],
                 "nvidia.com/mig-3g.40gb": ["MIG-0-2"],
             },
@@ -90,7 +91,7 @@ def sliced(replicas: int, *, name: str = "nvidia.com/gpu", extra: str = "") -> s
         (
             TWO_WHOLE,
             "flags: {deviceIDStrategy: index}\n" + sliced(2),
-            {"nvidia.com/gpu": ["0::0", "0::1", "1::0", "1::1"]},
+            {"nvidia.com/gpu": ["GPU-0::0", "GPU-0::1", "GPU-1::0", "GPU-1::1"]},
         ),
         (
             [gpu(0)],
@@ -122,7 +123,7 @@ def sliced(replicas: int, *, name: str = "nvidia.com/gpu", extra: str = "") -> s
         "mixed-without-mig",
         "single-one-profile",
         "replicas",
-        "replicas-index",
+        "replicas-index-keep-uuids",
         "renameByDefault",
         "one-replica-still-renamed",
         "replicas-of-a-mig-profile",
@@ -141,9 +142,16 @@ def test_resources_and_device_ids(
         (MIXED_NODE, "GPU-1"),
         ([gpu(0, "1g.10gb"), gpu(1, "2g.20gb")], "['1g.10gb', '2g.20gb']"),
         ([gpu(0, "1g.10gb", "3g.40gb")], "['1g.10gb', '3g.40gb']"),
-        (TWO_WHOLE, "GPU-0, GPU-1"),
+        ([gpu(0, "1g.10gb"), gpu(1, "1g.10gb"), gpu(2)], "GPU-2"),
+        ([gpu(0, "1g.10gb"), Gpu(**{**vars(gpu(1)), "mig_enabled": True})], "without instances"),
     ],
-    ids=["a-whole-gpu", "two-profiles-across-gpus", "two-profiles-on-one-gpu", "no-mig"],
+    ids=[
+        "a-whole-gpu",
+        "two-profiles-across-gpus",
+        "two-profiles-on-one-gpu",
+        "a-whole-gpu-among-mig",
+        "a-mig-gpu-without-instances",
+    ],
 )
 def test_single_refuses_nodes_without_exactly_one_profile(gpus: Sequence[Gpu], found: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -153,24 +161,56 @@ def test_single_refuses_nodes_without_exactly_one_profile(gpus: Sequence[Gpu], f
 
 
 @pytest.mark.parametrize(
+    ("config", "gpus", "logged"),
+    [
+        ("flags: {migStrategy: single}", TWO_WHOLE, ["mig_strategy_without_mig"]),
+        ("flags: {migStrategy: single}\n" + sliced(2), TWO_WHOLE, ["mig_strategy_without_mig"]),
+        ("flags: {migStrategy: single}", [], []),
+    ],
+    ids=["whole-gpus", "whole-gpus-time-sliced", "no-gpus"],
+)
+def test_single_on_a_node_without_mig_serves_whole_gpus_with_a_warning(
+    config: str, gpus: Sequence[Gpu], logged: list[str]
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        got = plan(gpus, config)
+    assert got == plan(gpus, config.replace("single", "none"))
+    assert [(e["event"], e["log_level"]) for e in logs] == [(e, "warning") for e in logged]
+
+
+@pytest.mark.parametrize(
     ("gpus", "config", "unit"),
     [
-        (TWO_WHOLE, "", Unit("GPU-1", "GPU-1", "GPU-1", 1)),
-        (TWO_WHOLE, sliced(2), Unit("GPU-1::1", "GPU-1", "GPU-1", 1, replica=1)),
+        (TWO_WHOLE, "", Unit("GPU-1", "GPU-1", "GPU-1", 1, index="1")),
+        (TWO_WHOLE, sliced(2), Unit("GPU-1::1", "GPU-1", "GPU-1", 1, replica=1, index="1")),
         (
             TWO_WHOLE,
             "flags: {deviceIDStrategy: index}\n" + sliced(2),
-            Unit("1::1", "GPU-1", "GPU-1", 1, replica=1),
+            Unit("GPU-1::1", "GPU-1", "GPU-1", 1, replica=1, index="1"),
         ),
-        (MIXED_NODE, "flags: {migStrategy: mixed}", Unit("MIG-0-2", "GPU-0", "MIG-0-2", 0)),
+        (
+            MIXED_NODE,
+            "flags: {migStrategy: mixed}",
+            Unit("MIG-0-2", "GPU-0", "MIG-0-2", 0, index="0:2"),
+        ),
+        (
+            [gpu(0), gpu(1, "1g.10gb", "1g.10gb")],
+            "flags: {migStrategy: mixed}\n" + sliced(2, name="mig-1g.10gb"),
+            Unit("MIG-1-1::0", "GPU-1", "MIG-1-1", 1, replica=0, index="1:1"),
+        ),
     ],
-    ids=["whole", "replica", "replica-index", "mig"],
+    ids=["whole", "replica", "replica-index", "mig", "mig-replica"],
 )
-def test_units_know_their_gpu_visible_id_and_numa(
+def test_units_know_their_gpu_visible_id_index_and_numa(
     gpus: Sequence[Gpu], config: str, unit: Unit
 ) -> None:
     units = {u.id: u for p in plan(gpus, config) for u in p.units}
     assert units[unit.id] == unit
+
+
+def test_devices_of_a_time_slicing_entry_are_ignored_every_gpu_is_shared() -> None:
+    config = sliced(2).replace("replicas: 2}", "replicas: 2, devices: [0]}")
+    assert ids(plan(TWO_WHOLE, config)) == ids(plan(TWO_WHOLE, sliced(2)))
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,14 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.config import Flags
 from agents.core.gpu_choice import choose_gpus, spread_replicas
 from agents.core.topology import Distance
 from agents.gpu.plan import REPLICA_SEPARATOR, ResourcePlan, Unit
 from agents.gpu.resource import AllocateOptions, GpuResource
 
 OPTIONS = AllocateOptions(
-    envvar=True,
-    cdi=False,
-    pass_device_specs=False,
+    flags=Flags(),
     fail_requests_greater_than_one=False,
     minors={},
     mig_caps={},

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.labels import PREFIX, label_value, node_labels
+from agents.labels import PREFIX, family_labels, label_value, node_labels
 
 # The apimachinery rule for label values: empty, or at most 63 characters of
 # [A-Za-z0-9._-] that begin and end with an alphanumeric.
@@ -79,3 +79,19 @@ def test_node_labels_without_devices_are_valid_and_say_so() -> None:
         assert prefix == PREFIX.rstrip("/")
         assert VALID_NAME.match(name), key
         assert VALID_VALUE.match(value), value
+
+
+@pytest.mark.parametrize(
+    ("gpu", "roce", "kept"),
+    [
+        (True, True, {"gpu.count", "roce.count", "gpu-nic.pairs"}),
+        (True, False, {"gpu.count"}),
+        (False, True, {"roce.count"}),
+    ],
+    ids=["both", "gpu-only", "roce-only"],
+)
+def test_an_agent_labels_only_the_families_it_runs(gpu: bool, roce: bool, kept: set[str]) -> None:
+    labels = node_labels([], [], healthy_gpus=0, healthy_nics=0)
+    names = {k.removeprefix(PREFIX) for k in family_labels(labels, gpu=gpu, roce=roce)}
+    assert names & {"gpu.count", "roce.count", "gpu-nic.pairs"} == kept
+    assert all(n.startswith(("gpu.", "roce.", "gpu-nic.")) for n in names)
