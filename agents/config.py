@@ -135,6 +135,7 @@ class Pairing:
 @dataclass(frozen=True)
 class Health:
     disabled_xids: frozenset[int] = frozenset()
+    xid_recovery_s: int | None = None  # None: a critical XID holds until reset or restart
 
 
 @dataclass(frozen=True)
@@ -180,11 +181,11 @@ def _config(raw: object) -> Config:
     _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
     pairing = Pairing(top.section("pairing", ("enabled",)).value("enabled", boolean, True))
-    health = top.section("health", ("disabledXids",))
+    health = top.section("health", ("disabledXids", "xidRecovery"))
     xids = health.value("disabledXids", list_of(integer(1)), tuple[int, ...]())
-    return Config(
-        version, flags, sharing, roce, pairing, Health(frozenset(xids)), tuple(top.ignored)
-    )
+    recovery = health.value("xidRecovery", integer(0), 0)  # seconds; 0: never
+    health_ = Health(frozenset(xids), recovery or None)
+    return Config(version, flags, sharing, roce, pairing, health_, tuple(top.ignored))
 
 
 def _version(value: object) -> str:

@@ -52,12 +52,10 @@ class Backends:
 
 
 def real_backends(config: Config) -> Backends:
-    from agents.core.xid import APPLICATION_XIDS
     from agents.hw.netlink import NetlinkMonitor
     from agents.hw.nvml_backend import NvmlBackend
 
-    ignored = APPLICATION_XIDS | config.health.disabled_xids
-    return Backends(NvmlBackend(ignored_xids=ignored), Sysfs(), NetlinkMonitor())
+    return Backends(NvmlBackend(), Sysfs(), NetlinkMonitor())
 
 
 def sim_root_parent() -> str | None:

@@ -125,3 +125,15 @@ class Topology:
             return frozenset()
         best = min(by_id.values())
         return frozenset(i for i, d in by_id.items() if d == best)
+
+
+def nvswitch_fabric(switch_links: Mapping[str, int]) -> dict[frozenset[str], int]:
+    """The NVLink count of each pair of GPUs that reach each other through the node's
+    NVSwitches (HGX/DGX, NVL72): every pair of GPUs with switch links, as many links as
+    the one with fewer. Equal counts leave the choice to PCIe locality, then NUMA."""
+    on_fabric = sorted(g for g, n in switch_links.items() if n > 0)
+    return {
+        frozenset((a, b)): min(switch_links[a], switch_links[b])
+        for i, a in enumerate(on_fabric)
+        for b in on_fabric[i + 1 :]
+    }

@@ -1,11 +1,17 @@
-"""XID policy: which XID errors make a GPU unhealthy and why, for health reports."""
+"""The GPU health model, one for every NVML backend: which XIDs and NVML answers make a
+GPU Unhealthy, and which real signals make it Healthy again."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 # Raised by faults in the user's application (illegal address, MMU fault, reset
-# channel, preemptive cleanup, video processor exception, ...), not by the GPU:
-# the next container on the same GPU is fine, so they never mark it unhealthy.
+# channel, preemptive cleanup, video processor exception, context switch timeout),
+# not by the GPU: the next container on the same GPU is fine, so they never mark it
+# unhealthy. The same list as NVIDIA's device plugin.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+HOLD_S = 5.0  # NVML must answer normally this long before a GPU it failed on is Healthy
 
 
 def is_critical(xid: int, disabled: frozenset[int]) -> bool:
@@ -13,50 +19,70 @@ def is_critical(xid: int, disabled: frozenset[int]) -> bool:
     return xid not in APPLICATION_XIDS and xid not in disabled
 
 
-def gpu_healthy(lost: bool, pending_xids: frozenset[int], disabled: frozenset[int]) -> bool:
-    """Healthy unless it fell off the bus or holds a critical XID."""
-    return unhealthy_reason(lost, pending_xids, disabled) is None
+@dataclass(frozen=True)
+class HealthPolicy:
+    disabled_xids: frozenset[int] = frozenset()
+    xid_recovery_s: float | None = None  # None: a critical XID holds until a reset/restart
+    hold_s: float = HOLD_S
 
 
-def unhealthy_reason(
-    lost: bool, pending_xids: frozenset[int], disabled: frozenset[int]
-) -> str | None:
-    """Why a GPU is unhealthy, for logs: "lost", "xid=79" or "xid=48,79"; None if healthy."""
-    if lost:
-        return "lost"
-    critical = sorted(x for x in pending_xids if is_critical(x, disabled))
-    if not critical:
-        return None
-    return "xid=" + ",".join(str(x) for x in critical)
+@dataclass
+class _Gpu:
+    xids: dict[int, float] = field(default_factory=dict)  # critical XID -> last delivered
+    failing: str | None = None  # why NVML's last answer was not normal
+    failed_at: float | None = None  # when NVML last answered abnormally
+    lost: bool = False  # seen lost since it last answered normally
 
 
-class PendingXids:
-    """Per GPU, the critical XIDs delivered whose effect has not cleared.
+class GpuHealth:
+    """Per GPU, from NVML's answers and XID events (all timed by the caller's clock):
 
-    NVML cannot tell when an XID's effect ends, so a delivered XID stays pending until the
-    GPU is seen lost and later answering again (a reset) or the agent restarts. XIDs in
-    `ignored` (application XIDs, disabled ones) are never kept.
+    - Unhealthy while NVML answers lost, fails, or hangs, and for `hold_s` after it
+      answers normally again;
+    - Unhealthy from a critical XID until the GPU is lost and answers again (a reset),
+      or, with `xid_recovery_s`, NVML has answered normally that long since the XID;
+      otherwise until the agent restarts.
     """
 
-    def __init__(self, ignored: frozenset[int] = frozenset()) -> None:
-        self._ignored = ignored
-        self._pending: dict[str, set[int]] = {}
-        self._lost: set[str] = set()
+    def __init__(self, policy: HealthPolicy) -> None:
+        self.policy = policy
+        self._gpus: dict[str, _Gpu] = {}
 
-    def deliver(self, uuid: str, xid: int) -> None:
-        if xid not in self._ignored:
-            self._pending.setdefault(uuid, set()).add(xid)
-
-    def observe(self, uuid: str, lost: bool) -> bool:
-        """Record whether the GPU answered; True when it came back from lost (a reset)."""
-        if lost:
-            self._lost.add(uuid)
+    def xid(self, uuid: str, xid: int, now: float) -> bool:
+        """Record an XID event; True when it is critical."""
+        if not is_critical(xid, self.policy.disabled_xids):
             return False
-        if uuid not in self._lost:
-            return False
-        self._lost.discard(uuid)
-        self._pending.pop(uuid, None)
+        self._gpu(uuid).xids[xid] = now
         return True
 
-    def pending(self, uuid: str) -> frozenset[int]:
-        return frozenset(self._pending.get(uuid, ()))
+    def answered(self, uuid: str, now: float, failing: str | None, lost: bool = False) -> None:
+        """Record NVML's answer: failing=None for a normal one, else why it was not."""
+        gpu = self._gpu(uuid)
+        if failing is not None:
+            gpu.failing, gpu.failed_at = failing, now
+            gpu.lost = gpu.lost or lost
+            return
+        gpu.failing = None
+        if gpu.lost:  # lost, then answering again: the GPU was reset
+            gpu.lost = False
+            gpu.xids.clear()
+
+    def reason(self, uuid: str, now: float) -> str | None:
+        """Why the GPU is Unhealthy now ("lost", "xid=79", "nvml: Unknown", "hung"); None
+        when it is Healthy."""
+        gpu = self._gpu(uuid)
+        if gpu.failing is not None:
+            return gpu.failing
+        recovery = self.policy.xid_recovery_s
+        if gpu.xids and recovery is not None:
+            quiet_since = max([*gpu.xids.values(), gpu.failed_at or 0.0])
+            if now - quiet_since >= recovery:
+                gpu.xids.clear()
+        if gpu.xids:
+            return "xid=" + ",".join(str(x) for x in sorted(gpu.xids))
+        if gpu.failed_at is not None and now - gpu.failed_at < self.policy.hold_s:
+            return "holding"
+        return None
+
+    def _gpu(self, uuid: str) -> _Gpu:
+        return self._gpus.setdefault(uuid, _Gpu())

@@ -5,17 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from agents.core.pci import pci_address_from_nvml
-from agents.core.topology import PciLocation
+from agents.core.topology import PciLocation, nvswitch_fabric
 from agents.hw.nvml import GpuInfo, MigInstance, Nvml
 from agents.hw.sysfs import Sysfs
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str
-    pci: str  # sysfs form, 0000:1b:00.0
+    pci: str  # sysfs form, 0000:1b:00.0; "" when NVML gave no usable bus ID
     numa: int | None
     minor: int
     model: str
@@ -24,28 +28,43 @@ class Gpu:
     mig: tuple[MigInstance, ...]
     nvlink_peers: tuple[str, ...]  # UUIDs of peer GPUs, once per link
     location: PciLocation | None
+    nvswitch_links: int = 0  # NVLinks to the node's NVSwitch fabric
 
 
 def discover(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
     """Every GPU NVML lists, with its NUMA node and PCI location from sysfs."""
     infos = list(nvml.gpus())
-    by_bus = {pci_address_from_nvml(i.pci_bus_id): i.uuid for i in infos}
+    by_bus = {pci: i.uuid for i in infos if (pci := _sysfs_form(i.pci_bus_id))}
     return [_gpu(info, by_bus, sysfs) for info in infos]
 
 
+def _sysfs_form(bus_id: str) -> str | None:
+    """NVML's bus ID in sysfs form; None for one that names no PCI function (the
+    NVSwitch sentinel FFFFFFFF:FF:FF.0, an empty or odd answer)."""
+    try:
+        pci = pci_address_from_nvml(bus_id)
+    except ValueError:
+        return None
+    return None if pci.startswith("ffff") else pci
+
+
 def _gpu(info: GpuInfo, by_bus: dict[str, str], sysfs: Sysfs) -> Gpu:
-    pci = pci_address_from_nvml(info.pci_bus_id)
-    numa = sysfs.numa_node(pci)
-    location = sysfs.pci_location(pci)  # None behind some hypervisors: NUMA distances then
-    peers = tuple(
-        by_bus[pci_address_from_nvml(bus)]
-        for bus in info.nvlink_peers
-        if pci_address_from_nvml(bus) in by_bus
-    )
+    pci = _sysfs_form(info.pci_bus_id)
+    if pci is None:
+        log.warning(
+            "gpu_pci_unknown",
+            gpu=info.uuid,
+            bus_id=info.pci_bus_id,
+            effect="served without NUMA node or PCI locality",
+        )
+    numa = sysfs.numa_node(pci) if pci else None
+    # None behind some hypervisors (and on mock NVML): NUMA distances then
+    location = sysfs.pci_location(pci) if pci else None
+    peers = tuple(by_bus[p] for bus in info.nvlink_peers if (p := _sysfs_form(bus)) in by_bus)
     return Gpu(
         index=info.index,
         uuid=info.uuid,
-        pci=pci,
+        pci=pci or "",
         numa=numa,
         minor=info.minor,
         model=info.name,
@@ -54,6 +73,7 @@ def _gpu(info: GpuInfo, by_bus: dict[str, str], sysfs: Sysfs) -> Gpu:
         mig=info.mig_instances if info.mig_enabled else (),
         nvlink_peers=peers,
         location=location,
+        nvswitch_links=info.nvswitch_links,
     )
 
 
@@ -61,7 +81,7 @@ def nvlink_counts(gpus: Sequence[Gpu]) -> dict[frozenset[str], int]:
     """Number of NVLinks between each connected pair of GPUs.
 
     A link may be reported by one end or by both: each direction is counted apart and
-    the larger count wins.
+    the larger count wins. GPUs on the node's NVSwitch fabric all reach each other.
     """
     directed: dict[tuple[str, str], int] = {}
     for gpu in gpus:
@@ -71,5 +91,7 @@ def nvlink_counts(gpus: Sequence[Gpu]) -> dict[frozenset[str], int]:
     counts: dict[frozenset[str], int] = {}
     for (a, b), n in directed.items():
         pair = frozenset((a, b))
+        counts[pair] = max(counts.get(pair, 0), n)
+    for pair, n in nvswitch_fabric({g.uuid: g.nvswitch_links for g in gpus}).items():
         counts[pair] = max(counts.get(pair, 0), n)
     return counts

@@ -4,27 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
 from agents.config import Config
-from agents.core import xid
 from agents.core.ledger import PairingSide
 from agents.core.topology import Distance, distance
+from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
 from agents.gpu.discovery import Gpu, discover, nvlink_counts
 from agents.gpu.plan import plan_resources
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvidia_caps import mig_cap_devices
-from agents.hw.nvml import Nvml, XidEvent
+from agents.hw.nvml import GpuStatus, Nvml, XidEvent
+from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.hw.sysfs import Sysfs
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 
 log = structlog.get_logger(__name__)
 
 PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
+PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it moves on
+SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
 
 
 class GpuFamily:
@@ -40,6 +44,8 @@ class GpuFamily:
         dev_root: Path | None = None,
         telemetry: Telemetry | None = None,
         pairing: PairingSide | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hang_s: float = HANG_S,
     ) -> None:
         self._nvml = nvml
         self._pairing = pairing  # for the whole-GPU resource, when there is exactly one
@@ -52,6 +58,13 @@ class GpuFamily:
         self._resources: list[GpuResource] = []
         self._healthy: dict[str, bool] = {}
         self._pushed: dict[str, bool] | None = None  # what the resources were last given
+        self._reasons: dict[str, str | None] = {}
+        self._clock = clock
+        self._health = GpuHealth(
+            HealthPolicy(config.health.disabled_xids, config.health.xid_recovery_s)
+        )
+        self._probe_nvml = StatusProbe(nvml, hang_s, clock)
+        self._kick = asyncio.Event()  # probe now: the event wait returned early
 
     def start(self) -> None:
         """Initialise NVML and plan the resources. Raises BackendError or ConfigError."""
@@ -64,8 +77,8 @@ class GpuFamily:
             return
         self.gpus = discover(self._nvml, self._sysfs)
         self._resources = self._build(self.gpus)
+        # Every GPU starts Healthy; the first probe, as run() begins, says otherwise.
         self._healthy = {g.uuid: True for g in self.gpus}
-        self._refresh()
         log.info(
             "gpus_discovered", count=len(self.gpus), resources=[r.name for r in self._resources]
         )
@@ -142,56 +155,77 @@ class GpuFamily:
     async def run(self, stop: asyncio.Event) -> None:
         if not self._resources:
             return
-        # The probe loop awaits NVML alone and is cancelled at stop: a tick then costs one
-        # timer, not a task and a wait on two futures, which was most of an idle tick.
-        probe = asyncio.ensure_future(self._probe())
+        # NVML is only ever awaited here, through threads: a call hung in the driver
+        # stalls neither the other GPUs' probes, nor any RPC, nor stopping.
+        loops = [asyncio.ensure_future(self._probe()), asyncio.ensure_future(self._events())]
         stopped = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait([probe, stopped], return_when=asyncio.FIRST_COMPLETED)
-            if probe.done():
-                probe.result()  # the probe never ends by itself: raise why it did
+            await asyncio.wait([*loops, stopped], return_when=asyncio.FIRST_COMPLETED)
+            for loop in loops:
+                if loop.done():
+                    loop.result()  # the loops never end by themselves: raise why one did
         finally:
             stopped.cancel()
-            probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probe
-            self._nvml.shutdown()
+            for loop in loops:
+                loop.cancel()
+            for loop in loops:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+            try:
+                await bounded(self._nvml.shutdown, SHUTDOWN_WAIT_S, "nvml-shutdown")
+            except BackendError as exc:
+                log.warning("nvml_shutdown_failed", error=str(exc))
 
     async def _probe(self) -> None:
+        """Ask NVML about every GPU once a second (sooner after an early event wake-up)."""
         while True:
+            answers = await self._probe_nvml.statuses([g.uuid for g in self.gpus], PROBE_WAIT_S)
+            now = self._clock()
+            for uuid, status in answers.items():
+                for code in status.xids:
+                    self._xid(XidEvent(uuid, code), now)
+                self._health.answered(uuid, now, _failing(status), lost=status.lost)
+            self._publish(now)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PROBE_INTERVAL_S):  # a timer, not a task
+                    await self._kick.wait()
+            self._kick.clear()
+
+    async def _events(self) -> None:
+        """XID events as NVML delivers them."""
+        while True:
+            began = self._clock()
             try:
                 events = await self._nvml.next_events(PROBE_INTERVAL_S)
             except BackendError as exc:
                 log.error("nvml_events_failed", error=str(exc))
-                await asyncio.sleep(PROBE_INTERVAL_S)  # then probe as on any tick
-                events = []
+                await asyncio.sleep(PROBE_INTERVAL_S)
+                continue
+            now = self._clock()
             for event in events:
-                self._log_xid(event)
-            self._refresh()
+                self._xid(event, now)
+            if events or now - began < PROBE_INTERVAL_S / 2:
+                self._publish(now)
+                self._kick.set()  # something changed: probe now rather than at the tick
 
-    def _log_xid(self, event: XidEvent) -> None:
-        critical = xid.is_critical(event.xid, self._config.health.disabled_xids)
+    def _xid(self, event: XidEvent, now: float) -> None:
+        if event.uuid not in self._healthy:
+            return  # not a GPU this agent serves
+        self._health.xid(event.uuid, event.xid, now)
+        critical = is_critical(event.xid, self._config.health.disabled_xids)
         log.info("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
 
-    def _refresh(self) -> None:
-        """Probe every GPU; push the health to each resource only when it changed.
+    def _publish(self, now: float) -> None:
+        """Push the health to each resource only when it changed.
 
-        This runs on every probe tick: the probe is O(GPUs), while a push rebuilds the
-        device list of every resource (GPUs x replicas), which an idle node never needs.
+        This runs on every probe tick: a push rebuilds the device list of every resource
+        (GPUs x replicas), which an idle node never needs.
         """
         healthy: dict[str, bool] = {}
         for gpu in self.gpus:
-            try:
-                status = self._nvml.status(gpu.uuid)
-            except BackendError:
-                continue  # gone from NVML: no longer advertised
-            ok = xid.gpu_healthy(
-                status.lost, status.pending_xids, self._config.health.disabled_xids
-            )
-            healthy[gpu.uuid] = ok
-            self._log_transition(gpu.uuid, ok, status.lost, status.pending_xids)
-        for gone in set(self._healthy) - set(healthy):
-            log.warning("gpu_removed", gpu=gone)
+            reason = self._health.reason(gpu.uuid, now)
+            healthy[gpu.uuid] = reason is None
+            self._log_transition(gpu.uuid, reason)
         self._healthy = healthy
         if healthy == self._pushed:
             return
@@ -199,14 +233,27 @@ class GpuFamily:
         for resource in self._resources:
             resource.set_health(healthy)
 
-    def _log_transition(self, uuid: str, ok: bool, lost: bool, pending: frozenset[int]) -> None:
-        if self._healthy.get(uuid, True) == ok:
+    def _log_transition(self, uuid: str, reason: str | None) -> None:
+        before = self._reasons.get(uuid)
+        self._reasons[uuid] = reason
+        if (before is None) == (reason is None):
+            if reason is not None and reason not in (before, "holding"):
+                log.warning("device_unhealthy", gpu=uuid, reason=reason)
             return
-        if ok:
+        if reason is None:
             log.info("device_healthy", gpu=uuid)
-            reason = "recovered"
         else:
-            reason = xid.unhealthy_reason(lost, pending, self._config.health.disabled_xids) or "?"
             log.warning("device_unhealthy", gpu=uuid, reason=reason)
         for resource in self._resources:
-            self._telemetry.health_event(resource.name, reason)
+            self._telemetry.health_event(resource.name, reason or "recovered")
+
+
+def _failing(status: GpuStatus) -> str | None:
+    """Why NVML's answer was not normal, as the health reason; None when it was."""
+    if status.lost:
+        return "lost"
+    if status.hung:
+        return "hung"
+    if status.error is not None:
+        return f"nvml: {status.error}"
+    return None

@@ -6,9 +6,15 @@ never loads the driver's bindings.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+# NVML's nvmlNvLinkDeviceType_t: what the far end of an NVLink is.
+NVLINK_REMOTE_GPU = 0
+NVLINK_REMOTE_NVSWITCH = 2
+# The remote PCI bus ID NVML answers for a link that ends at an NVSwitch (HGX, NVL72).
+NVSWITCH_BUS_ID = "FFFFFFFF:FF:FF.0"
 
 
 @dataclass(frozen=True)
@@ -21,17 +27,43 @@ class MigInstance:
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """What discovery needs to know of one GPU, as NVML reports it."""
+    """What discovery needs to know of one GPU, as NVML reports it. Fields NVML would
+    not answer hold their defaults; only the UUID is required."""
 
     index: int
     uuid: str
-    pci_bus_id: str  # NVML's form: 00000000:1B:00.0 (8-digit domain, upper case)
+    pci_bus_id: str  # NVML's form: 00000000:1B:00.0 (8-digit domain, upper case); "" unknown
     name: str
     memory_mib: int
     minor: int  # /dev/nvidia<minor>
     mig_enabled: bool
     mig_instances: tuple[MigInstance, ...]
     nvlink_peers: tuple[str, ...]  # PCI bus IDs (NVML form) of NVLink peers, one per link
+    nvswitch_links: int = 0  # active NVLinks that end at an NVSwitch
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """NVML's answer for one active NVLink: the far end's device type and PCI bus ID."""
+
+    remote_type: int | None  # NVLINK_REMOTE_*; None where NVML does not say
+    remote_bus_id: str
+
+
+def nvlink_ends(links: Iterable[NvLink]) -> tuple[tuple[str, ...], int]:
+    """The GPU peers (bus IDs, one per link) and the number of links to NVSwitches.
+
+    A link ends at an NVSwitch when NVML says so, or, where it cannot say, when its
+    remote bus ID is the sentinel NVML answers for switch ports."""
+    peers: list[str] = []
+    switch_links = 0
+    for link in links:
+        bus = link.remote_bus_id.upper()
+        if link.remote_type == NVLINK_REMOTE_NVSWITCH or bus == NVSWITCH_BUS_ID:
+            switch_links += 1
+        elif link.remote_type in (None, NVLINK_REMOTE_GPU) and bus:
+            peers.append(bus)
+    return tuple(peers), switch_links
 
 
 @dataclass(frozen=True)
@@ -42,18 +74,29 @@ class XidEvent:
 
 @dataclass(frozen=True)
 class GpuStatus:
-    """Level-triggered health of one GPU.
+    """What NVML answered when asked about one GPU just now.
 
-    lost: the GPU fell off the bus (NVML answers GPU_IS_LOST or no longer lists it).
-    pending_xids: XIDs delivered for this GPU whose effect has not cleared yet.
+    lost: the GPU fell off the bus (NVML answers GPU_IS_LOST, or no longer lists it).
+    error: NVML failed otherwise (e.g. "Unknown"): the GPU cannot be trusted for now.
+    hung: the question has not been answered within the hang bound.
+    xids: XIDs this probe itself found (an uncorrectable ECC count that grew: 48).
     """
 
     lost: bool
-    pending_xids: frozenset[int] = frozenset()
+    error: str | None = None
+    hung: bool = False
+    xids: tuple[int, ...] = ()
+
+    @property
+    def answering(self) -> bool:
+        return not (self.lost or self.hung or self.error is not None)
 
 
 class Nvml(Protocol):
-    """NVML as the GPU family sees it. Raises BackendError on failure."""
+    """NVML as the GPU family sees it. Raises BackendError on failure.
+
+    init(), gpus() and status() block (status() may hang as long as NVML does): the
+    family calls them before it serves, or through agents.hw.nvml_calls off the loop."""
 
     def init(self) -> None: ...
 
@@ -66,6 +109,6 @@ class Nvml(Protocol):
     def status(self, uuid: str) -> GpuStatus: ...
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
-        """Wait up to timeout_s for XID events; may return early and empty when the
-        device set may have changed (the caller then re-reads gpus())."""
+        """Wait up to timeout_s for XID events, off the event loop; may return early and
+        empty when the device set may have changed (the caller then probes again)."""
         ...

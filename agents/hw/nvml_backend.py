@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ctypes
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -13,29 +11,12 @@ from typing import Any
 import pynvml
 import structlog
 
-from agents.core.mig import mig_profile_name
-from agents.core.xid import PendingXids
 from agents.errors import BackendError
-from agents.hw.nvml import GpuInfo, GpuStatus, MigInstance, XidEvent
+from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
+from agents.hw.nvml_calls import in_thread
+from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, handle_key, text
 
 log = structlog.get_logger(__name__)
-
-
-def _code(exc: Exception) -> int:
-    return int(getattr(exc, "value", pynvml.NVML_ERROR_UNKNOWN))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _bus_id(pci_info: Any) -> str:
-    return _text(pci_info.busId).upper()
-
-
-def _handle_key(handle: Any) -> int:
-    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
-
 
 _WANTED_EVENTS = (
     pynvml.nvmlEventTypeXidCriticalError
@@ -43,23 +24,30 @@ _WANTED_EVENTS = (
     | pynvml.nvmlEventTypeSingleBitEccError
 )
 _NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _WAIT_SLICE_MS = 250  # bounds how long shutdown() waits for an in-flight wait
+_SHUTDOWN_WAIT_S = 1.0  # how long shutdown() waits for a hung event wait to let go
 _DRAIN_MAX = 64
+XID_DOUBLE_BIT_ECC = 48  # what NVML reports for an uncorrectable ECC error
 
 
 class NvmlBackend:
-    """Nvml over the driver's libnvidia-ml, through pynvml. pynvml errors become BackendError.
+    """Nvml over the driver's libnvidia-ml, through pynvml (or `lib`, a stand-in with its
+    interface). pynvml errors become BackendError, or a GpuStatus that says what failed.
 
     init() and shutdown() pair up as NVML's own do (NVML counts them). XID events arrive
-    through an NVML event set waited on in a worker thread; the wait is sliced so that the
-    last shutdown() never waits long for it.
+    through an NVML event set waited on in a daemon thread; the wait is sliced so that
+    the last shutdown() rarely waits for it, and never long when it hangs.
     """
 
-    def __init__(self, ignored_xids: frozenset[int] = frozenset()) -> None:
-        self._xids = PendingXids(ignored_xids)
+    def __init__(self, lib: Any = pynvml) -> None:
+        self._lib = lib
+        self._reader = GpuReader(lib)
         self._inits = 0
         self._closing = False
         self._known: set[str] = set()  # UUIDs listed once: NOT_FOUND later means lost
+        self._lost: set[str] = set()  # seen lost: answering again means it was reset
+        self._ecc: dict[str, int] = {}  # volatile uncorrectable ECC count at the last probe
         self._lock = threading.Lock()  # the event set: one waiter, or its release
         self._event_set: Any = None
         self._event_uuids: dict[int, str] = {}
@@ -68,8 +56,8 @@ class NvmlBackend:
 
     def init(self) -> None:
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            self._lib.nvmlInit()
+        except ODD_ANSWERS as exc:
             raise BackendError(f"NVML unavailable: {exc}") from exc
         self._inits += 1
         self._closing = False
@@ -80,64 +68,93 @@ class NvmlBackend:
         self._inits -= 1
         if self._inits == 0:
             self._closing = True
-            with self._lock:
+            if not self._lock.acquire(timeout=_SHUTDOWN_WAIT_S):
+                # An event wait hangs in the driver: NVML cannot be shut down under it.
+                log.warning("nvml_shutdown_skipped", reason="an event wait does not return")
+                return
+            try:
                 self._free_event_set()
+            finally:
+                self._lock.release()
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as exc:
+            self._lib.nvmlShutdown()
+        except ODD_ANSWERS as exc:
             raise BackendError(f"NVML shutdown failed: {exc}") from exc
 
     def driver_version(self) -> str:
         with _translated("reading the driver version"):
-            return _text(pynvml.nvmlSystemGetDriverVersion())
+            return text(self._lib.nvmlSystemGetDriverVersion())
 
     def gpus(self) -> Sequence[GpuInfo]:
-        with _translated("listing GPUs"):
-            count = int(pynvml.nvmlDeviceGetCount())
-            gpus = [_gpu_info(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+        """Every GPU NVML lists; one whose UUID NVML will not give is left out."""
+        with _translated("counting GPUs"):
+            count = int(self._lib.nvmlDeviceGetCount())
+        gpus = [info for i in range(count) if (info := self._reader.info(i)) is not None]
         self._known.update(gpu.uuid for gpu in gpus)
         return gpus
 
     def status(self, uuid: str) -> GpuStatus:
+        if self._inits == 0:
+            raise BackendError("NVML status: not initialised")
         try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            pynvml.nvmlDeviceGetMemoryInfo(handle)  # touches the GPU: fails when it is lost
-            lost = False
-        except pynvml.NVMLError as exc:
-            gone = _code(exc) == pynvml.NVML_ERROR_NOT_FOUND and uuid in self._known
-            if _code(exc) != pynvml.NVML_ERROR_GPU_IS_LOST and not gone:
-                raise BackendError(f"NVML status of {uuid}: {exc}") from exc
-            lost = True
-        if self._xids.observe(uuid, lost):
+            handle = self._lib.nvmlDeviceGetHandleByUUID(uuid)
+            self._lib.nvmlDeviceGetMemoryInfo(handle)  # touches the GPU: fails when it is lost
+        except ODD_ANSWERS as exc:
+            return self._failed_status(uuid, exc)
+        if uuid in self._lost:
+            self._lost.discard(uuid)
             self._stale_events = True  # a reset GPU needs its events registered again
-        return GpuStatus(lost=lost, pending_xids=self._xids.pending(uuid))
+        return GpuStatus(lost=False, xids=self._ecc_xids(uuid, handle))
+
+    def _failed_status(self, uuid: str, exc: BaseException) -> GpuStatus:
+        failure = code(exc)
+        if failure == pynvml.NVML_ERROR_NOT_FOUND and uuid not in self._known:
+            raise BackendError(f"NVML status of {uuid}: no such GPU") from exc
+        if failure in (_LOST, pynvml.NVML_ERROR_NOT_FOUND):
+            self._lost.add(uuid)
+            return GpuStatus(lost=True)
+        if failure == _NOT_SUPPORTED:
+            return GpuStatus(lost=False)  # it answered: this GPU has no such counter
+        return GpuStatus(lost=False, error=str(exc) or type(exc).__name__)
+
+    def _ecc_xids(self, uuid: str, handle: object) -> tuple[int, ...]:
+        """An uncorrectable ECC error counted since the last probe, as the XID NVML gives
+        it (48), also where the driver delivers no event for it."""
+        try:
+            count = int(
+                self._lib.nvmlDeviceGetTotalEccErrors(
+                    handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
+            )
+        except ODD_ANSWERS:
+            return ()  # no ECC on this GPU, or not readable now: the next probe tries again
+        before = self._ecc.get(uuid)
+        self._ecc[uuid] = count
+        return (XID_DOUBLE_BIT_ECC,) if before is not None and count > before else ()
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         if self._inits == 0:
             raise BackendError("NVML events: not initialised")
-        raw = await asyncio.to_thread(self._wait, max(0, int(timeout_s * 1000)))
+        raw = await in_thread(lambda: self._wait(max(0, int(timeout_s * 1000))), "nvml-events")
         events: list[XidEvent] = []
         for data in raw:
             if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 log.debug("nvml_ecc_event", event_type=int(data.eventType))
                 continue
             uuid = self._event_uuid(data.device)
-            if uuid is None:
-                continue
-            xid = int(data.eventData)
-            self._xids.deliver(uuid, xid)
-            events.append(XidEvent(uuid=uuid, xid=xid))
+            if uuid is not None:
+                events.append(XidEvent(uuid=uuid, xid=int(data.eventData)))
         return events
 
     def _event_uuid(self, handle: Any) -> str | None:
-        uuid = self._event_uuids.get(_handle_key(handle))
+        uuid = self._event_uuids.get(handle_key(handle))
         if uuid is None:
-            with contextlib.suppress(pynvml.NVMLError):
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            with contextlib.suppress(*ODD_ANSWERS):
+                uuid = text(self._lib.nvmlDeviceGetUUID(handle))
         return uuid
 
     def _wait(self, timeout_ms: int) -> list[Any]:
-        """Blocking: the events that arrive within timeout_ms (runs in a worker thread)."""
+        """Blocking: the events that arrive within timeout_ms (runs in a daemon thread)."""
         deadline = time.monotonic() + timeout_ms / 1000
         with self._lock, _translated("waiting for events"):
             if self._closing:
@@ -151,16 +168,16 @@ class NvmlBackend:
                 if first is not None:
                     return [first, *self._drain()]
                 if remaining_ms <= _WAIT_SLICE_MS or self._stale_events:
-                    break  # timed out, or a GPU was lost: the caller re-reads status
+                    break  # timed out, or a GPU was lost: the caller probes again
         return []
 
     def _wait_one(self, timeout_ms: int) -> Any:
         try:
-            return pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+            return self._lib.nvmlEventSetWait_v2(self._event_set, timeout_ms)
         except pynvml.NVMLError as exc:
-            if _code(exc) == pynvml.NVML_ERROR_TIMEOUT:
+            if code(exc) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
-            if _code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
+            if code(exc) == _LOST:
                 self._stale_events = True  # status() reports the loss
                 return None
             raise
@@ -172,23 +189,23 @@ class NvmlBackend:
         return out
 
     def _create_event_set(self) -> None:
-        self._event_set = pynvml.nvmlEventSetCreate()
+        lib = self._lib
+        self._event_set = lib.nvmlEventSetCreate()
         self._stale_events = False
-        for index in range(int(pynvml.nvmlDeviceGetCount())):
+        for index in range(int(lib.nvmlDeviceGetCount())):
             try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-                mask = _WANTED_EVENTS & int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
-                pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
-            except pynvml.NVMLError as exc:
-                # a lost GPU is registered again once status() sees it reset
-                if _code(exc) not in (_NOT_SUPPORTED, pynvml.NVML_ERROR_GPU_IS_LOST):
-                    raise
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                uuid = text(lib.nvmlDeviceGetUUID(handle))
+                mask = _WANTED_EVENTS & int(lib.nvmlDeviceGetSupportedEventTypes(handle))
+                lib.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+            except ODD_ANSWERS as exc:
+                # a lost GPU is registered again once status() sees it answer
                 if index not in self._unregistered:
                     self._unregistered.add(index)
                     log.warning("nvml_events_unavailable", index=index, error=str(exc))
                 continue
-            self._event_uuids[_handle_key(handle)] = uuid
+            self._unregistered.discard(index)
+            self._event_uuids[handle_key(handle)] = uuid
             self._known.add(uuid)
 
     def _free_event_set(self) -> None:
@@ -197,8 +214,8 @@ class NvmlBackend:
         event_set, self._event_set = self._event_set, None
         self._event_uuids.clear()
         try:
-            pynvml.nvmlEventSetFree(event_set)
-        except pynvml.NVMLError as exc:
+            self._lib.nvmlEventSetFree(event_set)
+        except ODD_ANSWERS as exc:
             log.warning("nvml_event_set_free_failed", error=str(exc))
 
 
@@ -206,75 +223,5 @@ class NvmlBackend:
 def _translated(what: str) -> Iterator[None]:
     try:
         yield
-    except pynvml.NVMLError as exc:
+    except ODD_ANSWERS as exc:
         raise BackendError(f"NVML {what}: {exc}") from exc
-
-
-def _gpu_info(index: int, handle: object) -> GpuInfo:
-    memory_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    mig_enabled = _mig_enabled(handle)
-    return GpuInfo(
-        index=index,
-        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-        pci_bus_id=_bus_id(pynvml.nvmlDeviceGetPciInfo(handle)),
-        name=_text(pynvml.nvmlDeviceGetName(handle)),
-        memory_mib=memory_bytes // 2**20,
-        minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
-        mig_enabled=mig_enabled,
-        mig_instances=_mig_instances(handle, memory_bytes) if mig_enabled else (),
-        nvlink_peers=_nvlink_peers(handle),
-    )
-
-
-def _mig_enabled(handle: object) -> bool:
-    try:
-        current = pynvml.nvmlDeviceGetMigMode(handle)[0]
-    except pynvml.NVMLError as exc:
-        if _code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED:
-            return False
-        raise
-    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
-
-
-def _mig_instances(handle: object, memory_bytes: int) -> tuple[MigInstance, ...]:
-    out: list[MigInstance] = []
-    for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-        try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-        except pynvml.NVMLError as exc:
-            if _code(exc) == pynvml.NVML_ERROR_NOT_FOUND:
-                continue  # an empty slot
-            raise
-        attrs = pynvml.nvmlDeviceGetAttributes(mig)
-        profile = mig_profile_name(
-            int(attrs.gpuInstanceSliceCount),
-            int(attrs.computeInstanceSliceCount),
-            int(attrs.memorySizeMB),
-            memory_bytes,
-        )
-        out.append(
-            MigInstance(
-                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
-                profile=profile,
-                gpu_instance=int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
-                compute_instance=int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
-            )
-        )
-    return tuple(out)
-
-
-def _nvlink_peers(handle: object) -> tuple[str, ...]:
-    peers: list[str] = []
-    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-        try:
-            if pynvml.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
-                continue
-            peers.append(_bus_id(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
-        except pynvml.NVMLError as exc:
-            # no NVLink at all, or fewer links than the maximum
-            if _code(exc) not in (
-                pynvml.NVML_ERROR_NOT_SUPPORTED,
-                pynvml.NVML_ERROR_INVALID_ARGUMENT,
-            ):
-                raise
-    return tuple(peers)

@@ -69,6 +69,10 @@ def _check_tree(f: Fields, devices: list[tuple[str, GpuSpec | NicSpec]]) -> None
 def _check_nvlinks(f: Fields, node: NodeSpec) -> None:
     uuids = {g.uuid for g in node.gpus}
     for i, gpu in enumerate(node.gpus):
+        if node.nvswitch and gpu.nvlinks:
+            f.fail(
+                f"gpus[{i}].nvlinks", "no direct NVLinks with nvswitch: true (they end at switches)"
+            )
         for k, peer in enumerate(gpu.nvlinks):
             if peer not in uuids or peer == gpu.uuid:
                 f.fail(f"gpus[{i}].nvlinks[{k}]", "the UUID of another GPU of this node")

@@ -41,6 +41,8 @@ class GpuSpec:
     mig_instances: tuple[MigInstance, ...] = ()
     xids: tuple[int, ...] = ()
     lost: bool = False
+    nvml_hang_s: float = 0.0  # every NVML call about this GPU blocks this long
+    nvml_error: str | None = None  # every NVML call about this GPU fails so (e.g. "Unknown")
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class NodeSpec:
     numa_nodes: int = 1
     gpus: tuple[GpuSpec, ...] = ()
     nics: tuple[NicSpec, ...] = ()
+    nvswitch: bool = False  # the GPUs' NVLinks end at NVSwitches (HGX/DGX)
 
     @property
     def devices(self) -> tuple[GpuSpec | NicSpec, ...]:
@@ -103,7 +106,7 @@ def parse_node(text: str, source: str) -> NodeSpec:
     f = Fields(source)
     if doc is None:  # also what a reader sees while a writer has just truncated the file
         f.fail("<document>", "a node: a mapping of numaNodes, gpus, nics (the file is empty)")
-    top = f.mapping(doc, "", {"numaNodes", "gpus", "nics"})
+    top = f.mapping(doc, "", {"numaNodes", "nvswitch", "gpus", "nics"})
     gpu_docs = f.items(top, "", "gpus")
     nic_docs = f.items(top, "", "nics")
     gpus = tuple(_gpu(f, m, f"gpus[{i}]", i) for i, m in enumerate(gpu_docs))
@@ -111,14 +114,14 @@ def parse_node(text: str, source: str) -> NodeSpec:
     devices: list[GpuSpec | NicSpec] = [*gpus, *nics]
     numas = [d.numa for d in devices if d.numa is not None]
     numa_nodes = f.integer(top, "", "numaNodes", max(numas, default=0) + 1, minimum=0)
-    node = NodeSpec(numa_nodes, gpus, nics)
+    node = NodeSpec(numa_nodes, gpus, nics, f.boolean(top, "", "nvswitch", False))
     check_node(f, node)
     return node
 
 
 _GPU_KEYS = {
     *("uuid", "pci", "upstream", "numa", "model", "memoryMiB", "minor"),
-    *("nvlinks", "mig", "xids", "lost"),
+    *("nvlinks", "mig", "xids", "lost", "nvml"),
 }
 
 
@@ -126,6 +129,7 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
     m = f.mapping(doc, path, _GPU_KEYS)
     uuid = f.string(m, path, "uuid", None, pattern=r"GPU-\S+", expected="a UUID GPU-…")
     mig_enabled, instances = _mig(f, m, path)
+    hang_s, error = _nvml_fault(f, m, path)
     return GpuSpec(
         uuid=uuid,
         pci=_pci(f, m, path),
@@ -139,7 +143,24 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
         mig_instances=instances,
         xids=tuple(f.ints(m, path, "xids", minimum=1)),
         lost=f.boolean(m, path, "lost", False),
+        nvml_hang_s=hang_s,
+        nvml_error=error,
     )
+
+
+def _nvml_fault(f: Fields, m: MappingValue, path: str) -> tuple[float, str | None]:
+    """`nvml: {hang: <seconds>, error: <NVML error name>}`: how NVML misbehaves."""
+    if m.get("nvml") is None:
+        return 0.0, None
+    fault_path = f"{path}.nvml"
+    fault = f.mapping(m["nvml"], fault_path, {"hang", "error"})
+    hang = fault.get("hang", 0)
+    if isinstance(hang, bool) or not isinstance(hang, int | float) or hang < 0:
+        f.fail(f"{fault_path}.hang", "a number of seconds >= 0")
+    error = f.optional_string(
+        fault, fault_path, "error", r"[A-Z][A-Za-z]*", "an NVML error name, e.g. Unknown"
+    )
+    return float(hang), error
 
 
 def _mig(f: Fields, m: MappingValue, path: str) -> tuple[bool, tuple[MigInstance, ...]]:

@@ -1,30 +1,46 @@
 """NVML answered from a node file: the simulated twin of the real NVML backend.
 
-It speaks as NVML does (PCI bus IDs in NVML's form, XID 79 for a GPU that fell off the bus).
+It speaks as NVML does (PCI bus IDs in NVML's form, XID 79 for a GPU that fell off the bus,
+the NVSwitch sentinel for NVLinks that end at a switch) and misbehaves as the node file
+says (`nvml: {hang, error}`): a hung call blocks its thread, as the driver's does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Sequence
 
 from agents.core.pci import nvml_bus_id
 from agents.errors import BackendError
-from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
+from agents.hw.nvml import (
+    NVLINK_REMOTE_GPU,
+    NVLINK_REMOTE_NVSWITCH,
+    NVSWITCH_BUS_ID,
+    GpuInfo,
+    GpuStatus,
+    NvLink,
+    XidEvent,
+    nvlink_ends,
+)
 from agents.sim.node import GpuSpec, NodeSpec
 
 XID_FALLEN_OFF_BUS = 79
 DRIVER_VERSION = "550.54.15"
+NVSWITCH_LINKS = 18  # an H100 SXM's NVLinks, all to the NVSwitches of an HGX board
+_ANSWERED = "NotSupported"  # an error name that still means the GPU answered
 
 
 class SimNvml:
-    """Implements agents.hw.nvml.Nvml for a simulated node; `update(node)` on reloads."""
+    """Implements agents.hw.nvml.Nvml for a simulated node; `update(node)` on reloads.
+
+    XIDs in the file when it is loaded are delivered as events at the first wait."""
 
     def __init__(self, node: NodeSpec) -> None:
         self._node = node
-        self._pending: list[XidEvent] = []
+        self._pending: list[XidEvent] = [XidEvent(g.uuid, x) for g in node.gpus for x in g.xids]
         self._changed = asyncio.Event()
         self._refs = 0
 
@@ -40,16 +56,26 @@ class SimNvml:
 
     def gpus(self) -> Sequence[GpuInfo]:
         self._require_init()
-        by_uuid = {g.uuid: g for g in self._node.gpus}
-        return [_info(i, g, by_uuid) for i, g in enumerate(self._node.gpus)]
+        node = self._node
+        for gpu in node.gpus:
+            _hang(gpu)
+        by_uuid = {g.uuid: g for g in node.gpus}
+        return [_info(i, g, by_uuid, node.nvswitch) for i, g in enumerate(node.gpus)]
 
     def status(self, uuid: str) -> GpuStatus:
         self._require_init()
         gpu = self._node.gpu(uuid)
+        if gpu is not None and gpu.nvml_hang_s:
+            _hang(gpu)
+            gpu = self._node.gpu(uuid)  # answer as the node is when the call returns
         if gpu is None:
             # As real NVML answers for a GPU taken off the node: not found.
             raise BackendError(f"NVML: no GPU with UUID {uuid}")
-        return GpuStatus(lost=gpu.lost, pending_xids=frozenset(gpu.xids))
+        if gpu.lost or gpu.nvml_error == "GpuIsLost":
+            return GpuStatus(lost=True)
+        if gpu.nvml_error not in (None, _ANSWERED):
+            return GpuStatus(lost=False, error=gpu.nvml_error)
+        return GpuStatus(lost=False)
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """XIDs appended since the last call; returns early whenever the node changed."""
@@ -77,6 +103,12 @@ class SimNvml:
             raise BackendError("NVML: not initialized")
 
 
+def _hang(gpu: GpuSpec) -> None:
+    """Blocks the calling thread, as a call into a hung GPU's driver does."""
+    if gpu.nvml_hang_s > 0:
+        time.sleep(gpu.nvml_hang_s)
+
+
 def _new_events(old: GpuSpec | None, new: GpuSpec) -> list[XidEvent]:
     before = old.xids if old is not None else ()
     if new.xids[: len(before)] == before:
@@ -88,7 +120,16 @@ def _new_events(old: GpuSpec | None, new: GpuSpec) -> list[XidEvent]:
     return [XidEvent(new.uuid, xid) for xid in added]
 
 
-def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec]) -> GpuInfo:
+def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> GpuInfo:
+    if nvswitch:  # as NVML answers on HGX: every link's far end is a switch port
+        links = [NvLink(NVLINK_REMOTE_NVSWITCH, NVSWITCH_BUS_ID)] * NVSWITCH_LINKS
+    else:
+        links = [
+            NvLink(NVLINK_REMOTE_GPU, nvml_bus_id(by_uuid[p].pci))
+            for p in gpu.nvlinks
+            if p in by_uuid
+        ]
+    peers, switch_links = nvlink_ends(links)
     return GpuInfo(
         index=index,
         uuid=gpu.uuid,
@@ -98,5 +139,6 @@ def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec]) -> GpuInfo:
         minor=gpu.minor,
         mig_enabled=gpu.mig_enabled,
         mig_instances=gpu.mig_instances if gpu.mig_enabled else (),
-        nvlink_peers=tuple(nvml_bus_id(by_uuid[p].pci) for p in gpu.nvlinks if p in by_uuid),
+        nvlink_peers=peers,
+        nvswitch_links=switch_links,
     )

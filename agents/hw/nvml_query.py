@@ -1,0 +1,157 @@
+"""Reading one GPU's facts from pynvml without letting any one answer fail the GPU:
+each field NVML will not give keeps a default and is logged once."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pynvml
+import structlog
+
+from agents.core.mig import mig_profile_name
+from agents.hw.nvml import GpuInfo, MigInstance, NvLink, nvlink_ends
+
+log = structlog.get_logger(__name__)
+
+# What an odd answer raises in pynvml or ctypes besides NVMLError: a bad decode,
+# a missing symbol in an old driver, a structure of an unexpected shape.
+ODD_ANSWERS = (pynvml.NVMLError, ValueError, TypeError, UnicodeError, AttributeError)
+_NO_SUCH_LINK = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+def code(exc: BaseException) -> int:
+    return int(getattr(exc, "value", pynvml.NVML_ERROR_UNKNOWN))
+
+
+def text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def handle_key(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+class GpuReader:
+    """Reads GpuInfo through `lib` (pynvml, or a stand-in with its interface)."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+        self._warned: set[tuple[int, str]] = set()
+
+    def info(self, index: int) -> GpuInfo | None:
+        """The GPU at `index`, or None (with a warning) when NVML gives no UUID for it."""
+        lib = self._lib
+        try:
+            handle = lib.nvmlDeviceGetHandleByIndex(index)
+            uuid = text(lib.nvmlDeviceGetUUID(handle))
+        except ODD_ANSWERS as exc:
+            log.warning("gpu_without_uuid", index=index, error=str(exc), effect="left out")
+            return None
+        if not uuid:
+            log.warning("gpu_without_uuid", index=index, error="empty", effect="left out")
+            return None
+        memory = self._read(
+            index, "memory", 0, lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total)
+        )
+        mig = self._read(index, "mig_mode", False, lambda: self._mig_enabled(handle))
+        instances = self._read(index, "mig_instances", (), lambda: self._migs(handle, memory))
+        peers, switch_links = nvlink_ends(self._links(index, handle))
+        return GpuInfo(
+            index=index,
+            uuid=uuid,
+            pci_bus_id=self._read(
+                index, "pci_bus_id", "", lambda: text(lib.nvmlDeviceGetPciInfo(handle).busId)
+            ).upper(),
+            name=self._read(index, "name", "", lambda: text(lib.nvmlDeviceGetName(handle))),
+            memory_mib=memory // 2**20,
+            minor=self._read(
+                index, "minor", index, lambda: int(lib.nvmlDeviceGetMinorNumber(handle))
+            ),
+            mig_enabled=mig,
+            mig_instances=instances if mig else (),
+            nvlink_peers=peers,
+            nvswitch_links=switch_links,
+        )
+
+    def _read(self, index: int, what: str, default: Any, call: Any) -> Any:
+        try:
+            return call()
+        except ODD_ANSWERS as exc:
+            not_supported = code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED
+            if not not_supported and (index, what) not in self._warned:
+                self._warned.add((index, what))
+                log.warning("nvml_field_unreadable", index=index, field=what, error=str(exc))
+            return default
+
+    def _mig_enabled(self, handle: object) -> bool:
+        current = self._lib.nvmlDeviceGetMigMode(handle)[0]
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _migs(self, handle: object, memory_bytes: int) -> tuple[MigInstance, ...]:
+        lib = self._lib
+        out: list[MigInstance] = []
+        for slot in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except pynvml.NVMLError as exc:
+                if code(exc) == pynvml.NVML_ERROR_NOT_FOUND:
+                    continue  # an empty slot
+                raise
+            attrs = lib.nvmlDeviceGetAttributes(mig)
+            profile = mig_profile_name(
+                int(attrs.gpuInstanceSliceCount),
+                int(attrs.computeInstanceSliceCount),
+                int(attrs.memorySizeMB),
+                memory_bytes,
+            )
+            out.append(
+                MigInstance(
+                    uuid=text(lib.nvmlDeviceGetUUID(mig)),
+                    profile=profile,
+                    gpu_instance=int(lib.nvmlDeviceGetGpuInstanceId(mig)),
+                    compute_instance=int(lib.nvmlDeviceGetComputeInstanceId(mig)),
+                )
+            )
+        return tuple(out)
+
+    def _links(self, index: int, handle: object) -> list[NvLink]:
+        """NVML's answer for each active NVLink; a link it will not describe is skipped."""
+        lib = self._lib
+        links: list[NvLink] = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                if lib.nvmlDeviceGetNvLinkState(handle, link) != pynvml.NVML_FEATURE_ENABLED:
+                    continue
+            except ODD_ANSWERS as exc:
+                if code(exc) in _NO_SUCH_LINK:
+                    continue  # no NVLink at all, or fewer links than the maximum
+                self._read(index, f"nvlink{link}", None, _raiser(exc))
+                continue
+            links.append(self._link(index, handle, link))
+        return links
+
+    def _link(self, index: int, handle: object, link: int) -> NvLink:
+        lib = self._lib
+        remote_type = self._read(
+            index,
+            "nvlink_remote_type",
+            None,
+            lambda: int(lib.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link)),
+        )
+        bus = self._read(
+            index,
+            "nvlink_remote_pci",
+            "",
+            lambda: text(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId),
+        )
+        return NvLink(remote_type, bus)
+
+
+def _raiser(exc: BaseException) -> Any:
+    def call() -> None:
+        raise exc
+
+    return call
