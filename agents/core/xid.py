@@ -30,7 +30,7 @@ class HealthPolicy:
 class _Gpu:
     xids: dict[int, float] = field(default_factory=dict)  # critical XID -> last delivered
     failing: str | None = None  # why NVML's last answer was not normal
-    failed_at: float | None = None  # when NVML last answered abnormally
+    answering_since: float | None = None  # first normal answer after a failure
     lost: bool = False  # seen lost since it last answered normally
 
 
@@ -59,10 +59,11 @@ class GpuHealth:
         """Record NVML's answer: failing=None for a normal one, else why it was not."""
         gpu = self._gpu(uuid)
         if failing is not None:
-            gpu.failing, gpu.failed_at = failing, now
+            gpu.failing, gpu.answering_since = failing, None
             gpu.lost = gpu.lost or lost
             return
-        gpu.failing = None
+        if gpu.failing is not None:
+            gpu.failing, gpu.answering_since = None, now
         if gpu.lost:  # lost, then answering again: the GPU was reset
             gpu.lost = False
             gpu.xids.clear()
@@ -75,12 +76,13 @@ class GpuHealth:
             return gpu.failing
         recovery = self.policy.xid_recovery_s
         if gpu.xids and recovery is not None:
-            quiet_since = max([*gpu.xids.values(), gpu.failed_at or 0.0])
+            quiet_since = max([*gpu.xids.values(), gpu.answering_since or 0.0])
             if now - quiet_since >= recovery:
                 gpu.xids.clear()
         if gpu.xids:
             return "xid=" + ",".join(str(x) for x in sorted(gpu.xids))
-        if gpu.failed_at is not None and now - gpu.failed_at < self.policy.hold_s:
+        since = gpu.answering_since
+        if since is not None and now - since < self.policy.hold_s:
             return "holding"
         return None
 

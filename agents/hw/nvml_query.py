@@ -57,7 +57,9 @@ class GpuReader:
             index, "memory", 0, lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         )
         mig = self._read(index, "mig_mode", False, lambda: self._mig_enabled(handle))
-        instances = self._read(index, "mig_instances", (), lambda: self._migs(handle, memory))
+        instances: tuple[MigInstance, ...] = ()
+        if mig:
+            instances = self._read(index, "mig_instances", (), lambda: self._migs(handle, memory))
         peers, switch_links = nvlink_ends(self._links(index, handle))
         return GpuInfo(
             index=index,
@@ -71,7 +73,7 @@ class GpuReader:
                 index, "minor", index, lambda: int(lib.nvmlDeviceGetMinorNumber(handle))
             ),
             mig_enabled=mig,
-            mig_instances=instances if mig else (),
+            mig_instances=instances,
             nvlink_peers=peers,
             nvswitch_links=switch_links,
         )

@@ -1,4 +1,5 @@
-"""The real NVML backend where no GPU is present, and its pure XID and MIG-name helpers."""
+"""The real NVML backend where no GPU is present, and its MIG-name helper. Its answers on
+real libnvidia-ml are pinned by tests/contract and tests/integration/test_mock_nvml.py."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import pynvml
 import pytest
 
 from agents.core.mig import mig_profile_name
-from agents.core.xid import PendingXids
 from agents.errors import BackendError
 from agents.hw.nvml_backend import NvmlBackend
 
@@ -50,58 +50,6 @@ def test_queries_before_init_raise_backend_error() -> None:
 async def test_next_events_before_init_raises_backend_error() -> None:
     with pytest.raises(BackendError, match="not initialised"):
         await NvmlBackend().next_events(0.01)
-
-
-# Steps: ("xid", uuid, xid) delivers an XID; ("seen", uuid, lost) is a status() reading.
-PENDING_CASES = [
-    pytest.param([("xid", "A", 79), ("seen", "A", False)], {"A": {79}}, id="delivered-stays"),
-    pytest.param([("xid", "A", 13), ("xid", "A", 43)], {"A": set()}, id="ignored-never-kept"),
-    pytest.param([("xid", "A", 79), ("seen", "A", True)], {"A": {79}}, id="kept-while-lost"),
-    pytest.param(
-        [("xid", "A", 79), ("seen", "A", True), ("seen", "A", False)],
-        {"A": set()},
-        id="cleared-by-reset",
-    ),
-    pytest.param(
-        [("xid", "A", 79), ("seen", "A", True), ("seen", "A", False), ("xid", "A", 48)],
-        {"A": {48}},
-        id="pending-again-after-reset",
-    ),
-    pytest.param(
-        [("xid", "A", 79), ("xid", "B", 48), ("seen", "B", True), ("seen", "B", False)],
-        {"A": {79}, "B": set()},
-        id="per-gpu",
-    ),
-    pytest.param(
-        [("xid", "A", 79), ("xid", "A", 79), ("xid", "A", 94)], {"A": {79, 94}}, id="set-of-xids"
-    ),
-]
-
-
-@pytest.mark.parametrize(("steps", "expected"), PENDING_CASES)
-def test_pending_xids_bookkeeping(
-    steps: list[tuple[str, str, object]], expected: dict[str, set[int]]
-) -> None:
-    pending = PendingXids(ignored=frozenset({13, 43}))
-    for kind, uuid, value in steps:
-        if kind == "xid":
-            assert isinstance(value, int)
-            pending.deliver(uuid, value)
-        else:
-            assert isinstance(value, bool)
-            pending.observe(uuid, value)
-    assert {uuid: set(pending.pending(uuid)) for uuid in expected} == expected
-
-
-def test_observe_reports_a_reset_only_on_the_way_back_from_lost() -> None:
-    pending = PendingXids()
-    assert [pending.observe("A", lost) for lost in (False, True, True, False, False)] == [
-        False,
-        False,
-        False,
-        True,
-        False,
-    ]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""XID policy: application XIDs and disabled XIDs never make a GPU unhealthy."""
+"""The GPU health model: application and disabled XIDs never make a GPU unhealthy; a
+critical XID holds until a reset, the opt-in recovery period or a restart; NVML failures
+hold for the hold time after NVML answers again."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.core.xid import APPLICATION_XIDS, gpu_healthy, is_critical, unhealthy_reason
+from agents.core.xid import APPLICATION_XIDS, GpuHealth, HealthPolicy, is_critical
 
 NONE: frozenset[int] = frozenset()
 
@@ -42,40 +44,127 @@ def test_is_critical(xid: int, disabled: frozenset[int], critical: bool) -> None
     assert is_critical(xid, disabled) is critical
 
 
+# Steps at times t: ("xid", t, code) an XID event; ("ok", t) a normal NVML answer;
+# ("lost"/"hung"/"error", t) an abnormal one; ("?", t, reason) checks the reason then.
+Step = tuple[object, ...]
+HOLD = 5.0
+
+HEALTH_CASES = [
+    pytest.param([("?", 0, None)], None, id="healthy-until-told-otherwise"),
+    pytest.param([("xid", 0, 79), ("?", 1, "xid=79")], None, id="critical-xid-marks-unhealthy"),
+    pytest.param(
+        [("xid", 0, 13), ("xid", 0, 43), ("?", 0, None)], None, id="application-xids-skipped"
+    ),
+    pytest.param([("xid", 0, 94), ("?", 0, None)], frozenset({94}), id="disabled-xid-skipped"),
+    pytest.param(
+        [("xid", 0, 79), ("xid", 0, 48), ("?", 0, "xid=48,79")], None, id="xids-named-in-order"
+    ),
+    pytest.param(
+        [("xid", 0, 48), *(("ok", t) for t in range(1, 1000, 100)), ("?", 1000, "xid=48")],
+        None,
+        id="xid-holds-while-nvml-answers-without-recovery-period",
+    ),
+    pytest.param(
+        [
+            ("xid", 0, 79),
+            ("lost", 1),
+            ("?", 1, "lost"),
+            ("ok", 2),
+            ("?", 2, "holding"),
+            ("?", 2 + HOLD, None),
+        ],
+        None,
+        id="lost-then-answering-is-a-reset-that-clears-xids-after-the-hold",
+    ),
+    pytest.param(
+        [
+            ("error", 0),
+            ("?", 0, "error"),
+            ("ok", 1),
+            ("?", 1 + HOLD - 0.1, "holding"),
+            ("?", 1 + HOLD, None),
+        ],
+        None,
+        id="transient-error-unhealthy-then-healthy-after-hold",
+    ),
+    pytest.param(
+        [("hung", 0), ("?", 0, "hung"), ("ok", 30), ("?", 30 + HOLD, None)],
+        None,
+        id="hung-gpu-unhealthy-until-answering-for-the-hold",
+    ),
+    pytest.param(
+        [
+            ("error", 0),
+            ("ok", 1),
+            ("error", 3),
+            ("ok", 4),
+            ("?", 1 + HOLD, "holding"),
+            ("?", 4 + HOLD, None),
+        ],
+        None,
+        id="a-new-failure-restarts-the-hold",
+    ),
+    pytest.param(
+        [("xid", 0, 48), ("error", 1), ("ok", 2), ("?", 2, "xid=48")],
+        None,
+        id="an-error-is-no-reset",
+    ),
+]
+
+
+def _run(steps: list[Step], health: GpuHealth) -> None:
+    for kind, t, *rest in steps:
+        assert isinstance(t, int | float)
+        if kind == "xid":
+            health.xid("A", int(rest[0]), t)  # type: ignore[call-overload]
+        elif kind == "ok":
+            health.answered("A", t, None)
+        elif kind in ("lost", "hung", "error"):
+            health.answered("A", t, str(kind), lost=kind == "lost")
+        else:
+            assert health.reason("A", t) == rest[0], (kind, t)
+
+
+@pytest.mark.parametrize(("steps", "disabled"), HEALTH_CASES)
+def test_health_model(steps: list[Step], disabled: frozenset[int] | None) -> None:
+    _run(steps, GpuHealth(HealthPolicy(disabled or NONE, hold_s=HOLD)))
+
+
 @pytest.mark.parametrize(
-    ("lost", "pending", "disabled", "reason"),
+    ("steps", "reason"),
     [
-        (False, NONE, NONE, None),
-        (True, NONE, NONE, "lost"),
-        (True, frozenset({79}), NONE, "lost"),
-        (False, frozenset({79}), NONE, "xid=79"),
-        (False, frozenset({79, 48, 13}), NONE, "xid=48,79"),
-        (False, frozenset({13, 43}), NONE, None),
-        (False, frozenset({94}), frozenset({94}), None),
-    ],
-    ids=[
-        "nothing-pending-is-healthy",
-        "lost-is-unhealthy",
-        "lost-wins-over-xids",
-        "critical-xid-is-named",
-        "critical-xids-named-in-order-without-application-ones",
-        "application-xids-only-is-healthy",
-        "disabled-xid-only-is-healthy",
+        pytest.param([("xid", 0, 79), ("ok", 5)], None, id="recovers-after-the-period"),
+        pytest.param([("xid", 0, 79), ("ok", 5), ("xid", 50, 79)], "xid=79", id="new-xid-restarts"),
+        pytest.param(
+            [("xid", 0, 79), ("error", 55), ("ok", 56)], "xid=79", id="nvml-failure-restarts"
+        ),
     ],
 )
-def test_unhealthy_reason_and_health_agree(
-    lost: bool, pending: frozenset[int], disabled: frozenset[int], reason: str | None
-) -> None:
-    assert unhealthy_reason(lost, pending, disabled) == reason
-    assert gpu_healthy(lost, pending, disabled) is (reason is None)
+def test_xid_recovery_period(steps: list[Step], reason: str | None) -> None:
+    health = GpuHealth(HealthPolicy(NONE, xid_recovery_s=60, hold_s=0))
+    _run([*steps, ("?", 100, reason)], health)
+
+
+def test_health_is_per_gpu() -> None:
+    health = GpuHealth(HealthPolicy())
+    health.xid("A", 79, 0)
+    health.answered("B", 0, "lost", lost=True)
+    assert (health.reason("A", 1), health.reason("B", 1), health.reason("C", 1)) == (
+        "xid=79",
+        "lost",
+        None,
+    )
 
 
 xids = st.frozensets(st.integers(0, 200) | st.sampled_from(sorted(APPLICATION_XIDS)))
 
 
-@given(st.booleans(), xids, xids)
-def test_healthy_iff_not_lost_and_every_pending_xid_is_ignored(
-    lost: bool, pending: frozenset[int], disabled: frozenset[int]
+@given(xids, xids)
+def test_healthy_iff_every_delivered_xid_is_ignored(
+    delivered: frozenset[int], disabled: frozenset[int]
 ) -> None:
+    health = GpuHealth(HealthPolicy(disabled))
+    for code in delivered:
+        health.xid("A", code, 0)
     ignored = APPLICATION_XIDS | disabled
-    assert gpu_healthy(lost, pending, disabled) is (not lost and pending <= ignored)
+    assert (health.reason("A", 1) is None) is (delivered <= ignored)
