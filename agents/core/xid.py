@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 # unhealthy. The same list as NVIDIA's device plugin.
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
-HOLD_S = 5.0  # NVML must answer normally this long before a GPU it failed on is Healthy
+HOLD_S = 3.0  # NVML must answer normally this long before a GPU it failed on is Healthy
 
 
 def is_critical(xid: int, disabled: frozenset[int]) -> bool:

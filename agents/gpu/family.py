@@ -59,6 +59,7 @@ class GpuFamily:
         self._healthy: dict[str, bool] = {}
         self._pushed: dict[str, bool] | None = None  # what the resources were last given
         self._reasons: dict[str, str | None] = {}
+        self._gone: set[str] = set()  # taken off the node: not advertised while away
         self._clock = clock
         self._health = GpuHealth(
             HealthPolicy(config.health.disabled_xids, config.health.xid_recovery_s)
@@ -149,6 +150,10 @@ class GpuFamily:
         """Physical GPUs that are present and healthy."""
         return sum(1 for ok in self._healthy.values() if ok)
 
+    def unhealthy_reason(self, uuid: str) -> str | None:
+        """Why the GPU is Unhealthy as last published ("lost", "xid=79", "holding", ...)."""
+        return self._reasons.get(uuid)
+
     def resources(self) -> Sequence[GpuResource]:
         return self._resources
 
@@ -185,6 +190,7 @@ class GpuFamily:
                 for code in status.xids:
                     self._xid(XidEvent(uuid, code), now)
                 self._health.answered(uuid, now, _failing(status), lost=status.lost)
+                self._note_gone(uuid, status.gone)
             self._publish(now)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PROBE_INTERVAL_S):  # a timer, not a task
@@ -208,8 +214,16 @@ class GpuFamily:
                 self._publish(now)
                 self._kick.set()  # something changed: probe now rather than at the tick
 
+    def _note_gone(self, uuid: str, gone: bool) -> None:
+        if gone and uuid not in self._gone:
+            log.warning("gpu_removed", gpu=uuid)
+            self._gone.add(uuid)
+        elif not gone and uuid in self._gone:
+            log.info("gpu_back", gpu=uuid)
+            self._gone.discard(uuid)
+
     def _xid(self, event: XidEvent, now: float) -> None:
-        if event.uuid not in self._healthy:
+        if all(g.uuid != event.uuid for g in self.gpus):
             return  # not a GPU this agent serves
         self._health.xid(event.uuid, event.xid, now)
         critical = is_critical(event.xid, self._config.health.disabled_xids)
@@ -223,6 +237,8 @@ class GpuFamily:
         """
         healthy: dict[str, bool] = {}
         for gpu in self.gpus:
+            if gpu.uuid in self._gone:
+                continue
             reason = self._health.reason(gpu.uuid, now)
             healthy[gpu.uuid] = reason is None
             self._log_transition(gpu.uuid, reason)

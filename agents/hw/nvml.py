@@ -80,12 +80,15 @@ class GpuStatus:
     error: NVML failed otherwise (e.g. "Unknown"): the GPU cannot be trusted for now.
     hung: the question has not been answered within the hang bound.
     xids: XIDs this probe itself found (an uncorrectable ECC count that grew: 48).
+    gone: the GPU was taken off the node (a simulated node's file no longer lists it):
+    it is no longer advertised until it is back.
     """
 
     lost: bool
     error: str | None = None
     hung: bool = False
     xids: tuple[int, ...] = ()
+    gone: bool = False
 
     @property
     def answering(self) -> bool:

@@ -43,6 +43,7 @@ class SimNvml:
         self._pending: list[XidEvent] = [XidEvent(g.uuid, x) for g in node.gpus for x in g.xids]
         self._changed = asyncio.Event()
         self._refs = 0
+        self._known = {g.uuid for g in node.gpus}
 
     def init(self) -> None:
         self._refs += 1
@@ -68,8 +69,9 @@ class SimNvml:
         if gpu is not None and gpu.nvml_hang_s:
             _hang(gpu)
             gpu = self._node.gpu(uuid)  # answer as the node is when the call returns
+        if gpu is None and uuid in self._known:
+            return GpuStatus(lost=True, gone=True)  # taken off the node
         if gpu is None:
-            # As real NVML answers for a GPU taken off the node: not found.
             raise BackendError(f"NVML: no GPU with UUID {uuid}")
         if gpu.lost or gpu.nvml_error == "GpuIsLost":
             return GpuStatus(lost=True)
@@ -96,6 +98,7 @@ class SimNvml:
         for gpu in node.gpus:
             self._pending.extend(_new_events(old.get(gpu.uuid), gpu))
         self._node = node
+        self._known.update(g.uuid for g in node.gpus)
         self._changed.set()
 
     def _require_init(self) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from agents.core.xid import HOLD_S
 from agents.errors import ConfigError
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.family import GpuFamily
@@ -22,6 +23,7 @@ from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Pod
+from tests.conditions import async_wait_until
 from tests.integration.gpu_agent import WAIT, config, run_gpu_agent_to_exit, running_agent
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -174,8 +176,7 @@ def _lost(doc: dict[str, Any]) -> None:
     doc["gpus"][0]["lost"] = True
 
 
-def _healed(doc: dict[str, Any]) -> None:
-    doc["gpus"][0]["xids"] = []
+def _answering(doc: dict[str, Any]) -> None:
     doc["gpus"][0]["lost"] = False
 
 
@@ -191,7 +192,14 @@ async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
         )
         assert run.devices(GPU_RESOURCE) == {WHOLE_GPU.uuid: "Healthy"}
 
-        await run.edit_node(_healed)  # a reset GPU: its instances come back
+        # A reset GPU (lost, then answering again): its instances come back after the
+        # hold time. Taking an XID out of the file alone heals nothing, as on real NVML.
+        gpu = run.agent.gpu
+        assert gpu is not None
+        uuid = run.gpu_uuids()[0]
+        await run.edit_node(_lost)
+        await async_wait_until(lambda: gpu.unhealthy_reason(uuid) == "lost", WAIT, "lost")
+        await run.edit_node(_answering)
         await run.kubelet.wait_until(
-            lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1}, WAIT
+            lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1}, WAIT + HOLD_S
         )

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from agents.config import Config
+from agents.core.xid import HOLD_S
 from agents.daemon import Agent, simulated_backends
 from agents.sim.bundled import bundled_node
 from tests.conditions import async_wait_until
@@ -120,8 +121,19 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
     await labelled.label_becomes("gpu.healthy", "7")
     assert labelled.labels()[PREFIX + "gpu.count"] == "8"
 
-    labelled.edit_node(lambda node: node["gpus"][2].__setitem__("xids", []))
-    await labelled.label_becomes("gpu.healthy", "8")
+    # Healthy again after a reset (lost, then answering), not by taking the XID out.
+    uuid = labelled.agent.gpu.gpus[2].uuid if labelled.agent.gpu else ""
+    labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", True))
+    await async_wait_until(lambda: _reason(labelled, uuid) == "lost", WAIT, "lost")
+    labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", False))
+    await async_wait_until(
+        lambda: labelled.labels().get(PREFIX + "gpu.healthy") == "8", WAIT + HOLD_S, "healthy"
+    )
+
+
+def _reason(labelled: Labelled, uuid: str) -> str | None:
+    assert labelled.agent.gpu is not None
+    return labelled.agent.gpu.unhealthy_reason(uuid)
 
 
 async def test_nic_link_down_rewrites_the_roce_healthy_count(labelled: Labelled) -> None:
@@ -160,13 +172,11 @@ async def test_readers_only_ever_see_whole_files_and_no_temp_files_remain(
     labelled: Labelled, reader: Reader
 ) -> None:
     await labelled.label_becomes("gpu.healthy", "8")
-    for _ in range(3):
-        labelled.edit_node(lambda node: node["gpus"][6]["xids"].append(79))
-        await labelled.label_becomes("gpu.healthy", "7")
-        labelled.edit_node(lambda node: node["gpus"][6].__setitem__("xids", []))
-        await labelled.label_becomes("gpu.healthy", "8")
+    for n in range(3):  # three rewrites: one more GPU with an XID each time
+        labelled.edit_node(lambda node, n=n: node["gpus"][5 + n]["xids"].append(79))
+        await labelled.label_becomes("gpu.healthy", str(7 - n))
     reader.stop.set()
 
     healthy = [parse(text)[PREFIX + "gpu.healthy"] for text in reader.seen]
-    assert {"7", "8"} <= set(healthy)
+    assert {"5", "6", "7", "8"} <= set(healthy)
     assert [p.name for p in labelled.features.parent.iterdir()] == ["node-agents"]
