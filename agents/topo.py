@@ -11,14 +11,15 @@ from typing import Any
 from agents.config import Config, load_config
 from agents.core.topology import Distance, Topology
 from agents.daemon import Backends, real_backends, simulated_backends
-from agents.gpu.discovery import Gpu, discover
+from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
 from agents.roce.discovery import Nic
 from agents.roce.discovery import discover as discover_nics
 
 LEGEND = (
     "PIX = at most one PCIe switch between them; PXB = several switches, no host bridge;\n"
     "PHB = through a PCIe host bridge; NODE = between host bridges of one NUMA node;\n"
-    "SYS = across NUMA nodes. A GPU's pairs are the NICs at its smallest distance."
+    "SYS = across NUMA nodes. NV# = # NVLinks (through NVSwitches on HGX/NVL systems).\n"
+    "A GPU's pairs are the NICs at its smallest distance."
 )
 
 
@@ -49,10 +50,10 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
         {g.uuid: g.location for g in gpus if g.location is not None},
         {n.pci: n.location for n in nics if n.location is not None},
     )
-    matrix = topology.matrix()
-    # Devices whose place in the PCIe tree is unknown have no distances to show.
-    ids = [g.uuid for g in gpus if g.uuid in topology.gpus]
-    ids += [n.pci for n in nics if n.pci in topology.nics]
+    matrix = _matrix(gpus, topology)
+    # Every GPU (by NVLink or NUMA node where its PCIe place is unknown); NICs with a
+    # place in the PCIe tree.
+    ids = [g.uuid for g in gpus] + [n.pci for n in nics if n.pci in topology.nics]
     names = gpu_names | nic_names
     return {
         "gpus": [
@@ -71,7 +72,8 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
             for n in nics
         ],
         "matrix": {
-            names[a]: {names[b]: "X" if a == b else str(matrix[(a, b)]) for b in ids} for a in ids
+            names[a]: {names[b]: "X" if a == b else matrix.get((a, b), "-") for b in ids}
+            for a in ids
         },
         "pairs": {
             gpu_names[g.uuid]: _pair(topology, g.uuid, nic_names)
@@ -79,6 +81,19 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
             if g.uuid in topology.gpus
         },
     }
+
+
+def _matrix(gpus: list[Gpu], topology: Topology) -> dict[tuple[str, str], str]:
+    """Each pair's entry as `nvidia-smi topo -m` writes it: NV# for GPUs joined by
+    NVLinks, else the PCIe distance."""
+    out = {pair: str(d) for pair, d in topology.matrix().items()}
+    links = nvlink_counts(gpus)
+    for a in gpus:
+        for b in gpus:
+            if a.uuid != b.uuid:
+                n = links.get(frozenset((a.uuid, b.uuid)), 0)
+                out[(a.uuid, b.uuid)] = f"NV{n}" if n else str(gpu_distance(a, b))
+    return out
 
 
 def _pair(topology: Topology, gpu: str, nic_names: dict[str, str]) -> dict[str, Any]:

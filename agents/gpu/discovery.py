@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import structlog
 
 from agents.core.pci import pci_address_from_nvml
-from agents.core.topology import PciLocation, nvswitch_fabric
+from agents.core.topology import Distance, PciLocation, distance, nvswitch_fabric
 from agents.hw.nvml import GpuInfo, MigInstance, Nvml
 from agents.hw.sysfs import Sysfs
 
@@ -75,6 +75,13 @@ def _gpu(info: GpuInfo, by_bus: dict[str, str], sysfs: Sysfs) -> Gpu:
         location=location,
         nvswitch_links=info.nvswitch_links,
     )
+
+
+def gpu_distance(a: Gpu, b: Gpu) -> Distance:
+    """The PCIe distance of two GPUs; by NUMA node alone where sysfs has no PCI path."""
+    if a.location is None or b.location is None:
+        return Distance.NODE if a.numa == b.numa else Distance.SYS
+    return distance(a.location, b.location)
 
 
 def nvlink_counts(gpus: Sequence[Gpu]) -> dict[frozenset[str], int]:

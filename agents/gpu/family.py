@@ -12,10 +12,10 @@ import structlog
 
 from agents.config import Config
 from agents.core.ledger import PairingSide
-from agents.core.topology import Distance, distance
+from agents.core.topology import Distance
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
-from agents.gpu.discovery import Gpu, discover, nvlink_counts
+from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
 from agents.gpu.plan import plan_resources
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvidia_caps import mig_cap_devices
@@ -99,11 +99,7 @@ class GpuFamily:
         by_uuid = {g.uuid: g for g in gpus}
 
         def pcie(a: str, b: str) -> Distance:
-            la, lb = by_uuid[a].location, by_uuid[b].location
-            if la is None or lb is None:
-                same_numa = by_uuid[a].numa == by_uuid[b].numa
-                return Distance.NODE if same_numa else Distance.SYS
-            return distance(la, lb)
+            return gpu_distance(by_uuid[a], by_uuid[b])
 
         plans = plan_resources(gpus, self._config, self._source)
         whole = [p for p in plans if whole_gpus(p)]
