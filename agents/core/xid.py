@@ -49,11 +49,13 @@ class GpuHealth:
         self._gpus: dict[str, _Gpu] = {}
 
     def xid(self, uuid: str, xid: int, now: float) -> bool:
-        """Record an XID event; True when it is critical."""
+        """Record an XID event; True when it is critical and was not pending already."""
         if not is_critical(xid, self.policy.disabled_xids):
             return False
-        self._gpu(uuid).xids[xid] = now
-        return True
+        xids = self._gpu(uuid).xids
+        new = xid not in xids
+        xids[xid] = now
+        return new
 
     def answered(self, uuid: str, now: float, failing: str | None, lost: bool = False) -> None:
         """Record NVML's answer: failing=None for a normal one, else why it was not."""

@@ -221,9 +221,11 @@ class GpuFamily:
     def _xid(self, event: XidEvent, now: float) -> None:
         if all(g.uuid != event.uuid for g in self.gpus):
             return  # not a GPU this agent serves
-        self._health.xid(event.uuid, event.xid, now)
+        new = self._health.xid(event.uuid, event.xid, now)
         critical = is_critical(event.xid, self._config.health.disabled_xids)
-        log.info("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
+        # The same critical XID again (an ECC count that keeps growing) is no news.
+        level = log.info if new or not critical else log.debug
+        level("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
 
     def _publish(self, now: float) -> None:
         """Push the health to each resource only when it changed.

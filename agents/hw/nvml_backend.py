@@ -167,8 +167,8 @@ class NvmlBackend:
                 first = self._wait_one(min(remaining_ms, _WAIT_SLICE_MS))
                 if first is not None:
                     return [first, *self._drain()]
-                if remaining_ms <= _WAIT_SLICE_MS or self._stale_events:
-                    break  # timed out, or a GPU was lost: the caller probes again
+                if remaining_ms <= _WAIT_SLICE_MS:
+                    break  # timed out
         return []
 
     def _wait_one(self, timeout_ms: int) -> Any:
@@ -178,7 +178,10 @@ class NvmlBackend:
             if code(exc) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             if code(exc) == _LOST:
-                self._stale_events = True  # status() reports the loss
+                # status() reports the loss; the next wait registers the GPUs again.
+                # NVML may answer so at once for every wait: sit the slice out instead.
+                self._stale_events = True
+                time.sleep(timeout_ms / 1000)
                 return None
             raise
 
