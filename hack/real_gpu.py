@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Smoke-test the agent on a real GPU node: the real NVML (and RDMA, where present) against
-the in-process kubelet stand-in in a temporary device-plugin directory.
+the in-process kubelet stand-in in a temporary device-plugin directory. Also runs on NVIDIA's
+mock libnvidia-ml (LD_LIBRARY_PATH and MOCK_NVML_CONFIG as in ../shared/mocknvml/README.md).
 
 Prints what was advertised, admits one pod asking for one GPU, prints the Allocate answer
 and stops. Exits 0 on success, 1 with a one-line reason otherwise (e.g. no NVML here).
@@ -35,6 +36,15 @@ def families() -> tuple[str, ...]:
     """gpu, and roce only where the node has RDMA devices."""
     has_rdma = INFINIBAND.is_dir() and any(INFINIBAND.iterdir())
     return ("gpu", "roce") if has_rdma else ("gpu",)
+
+
+def listed(kubelet: Kubelet, expected: set[str]) -> bool:
+    """Every expected resource registered and its first device list received: the
+    resource names alone arrive before any device does."""
+    views = kubelet.resources()
+    return set(views) == expected and all(
+        views[name].connected and views[name].updates > 0 for name in expected
+    )
 
 
 def gpu_resource(kubelet: Kubelet) -> str:
@@ -80,7 +90,7 @@ async def smoke(config: Config, source: str, plugin_dir: Path) -> None:
         task = asyncio.ensure_future(agent.run(stop))
         try:
             expected = {r.name for f in agent.family_objects for r in f.resources()}
-            await kubelet.wait_until(lambda k: set(k.capacity()) == expected, WAIT_S)
+            await kubelet.wait_until(lambda k: listed(k, expected), WAIT_S)
             show_advertised(kubelet)
             resource = gpu_resource(kubelet)
             got = await kubelet.admit(Pod("real-gpu-smoke", [Container("c", {resource: 1})]))

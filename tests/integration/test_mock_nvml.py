@@ -163,3 +163,20 @@ def test_topo_on_mock_nvml_shows_the_nvlink_fabric(profile: str, tmp_path: Path)
         assert len(cells) == 1 and cells.pop().startswith("NV"), cells
     else:
         assert not any(c.startswith("NV") for c in cells), cells
+
+
+def test_real_gpu_smoke_script_waits_for_the_first_device_list_on_mock_nvml(
+    tmp_path: Path,
+) -> None:
+    require_mock()
+    done = subprocess.run(
+        [sys.executable, "hack/real_gpu.py"],
+        env=mock_env("h100", tmp_path / "none.yaml"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "nvidia.com/gpu: 8 devices, 8 healthy" in done.stdout
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-01000100-" in done.stdout
