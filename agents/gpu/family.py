@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 
 PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
 PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it moves on
+EVENT_WAIT_SLACK_S = 1.0  # an event wait this much past its timeout is logged as slow
 SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
 
 
@@ -198,7 +199,7 @@ class GpuFamily:
         while True:
             began = self._clock()
             try:
-                events = await self._nvml.next_events(PROBE_INTERVAL_S)
+                events = await self._next_events()
             except BackendError as exc:
                 log.error("nvml_events_failed", error=str(exc))
                 await asyncio.sleep(PROBE_INTERVAL_S)
@@ -209,6 +210,17 @@ class GpuFamily:
             if events or now - began < PROBE_INTERVAL_S / 2:
                 self._publish(now)
                 self._kick.set()  # something changed: probe now rather than at the tick
+
+    async def _next_events(self) -> list[XidEvent]:
+        """One event wait; one that outlives its timeout by far is logged, once."""
+        waiting = asyncio.ensure_future(self._nvml.next_events(PROBE_INTERVAL_S))
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=PROBE_INTERVAL_S + EVENT_WAIT_SLACK_S)
+            if not done:
+                log.warning("nvml_event_wait_slow", waited_s=PROBE_INTERVAL_S + EVENT_WAIT_SLACK_S)
+            return await waiting
+        finally:
+            waiting.cancel()
 
     def _note_gone(self, uuid: str, gone: bool) -> None:
         if gone and uuid not in self._gone:

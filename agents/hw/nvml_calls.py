@@ -10,10 +10,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+import structlog
+
 from agents.errors import BackendError
 from agents.hw.nvml import GpuStatus, Nvml
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 HANG_S = 10.0  # a GPU whose NVML call has not returned for this long is Unhealthy (hung)
 
@@ -67,6 +70,7 @@ class StatusProbe:
         self._hang_s = hang_s
         self._clock = clock
         self._asked: dict[str, tuple[float, asyncio.Future[GpuStatus]]] = {}
+        self._slow: set[str] = set()  # GPUs whose question outlived one wait: logged once
 
     async def statuses(self, uuids: Iterable[str], wait_s: float) -> dict[str, GpuStatus]:
         """The answers that arrive within wait_s, and `hung` for GPUs past the bound;
@@ -83,8 +87,13 @@ class StatusProbe:
         for uuid, (since, future) in list(self._asked.items()):
             if future.done():
                 del self._asked[uuid]
+                self._slow.discard(uuid)
                 out[uuid] = future.result()
-            elif now - since >= self._hang_s:
+                continue
+            if uuid not in self._slow:
+                self._slow.add(uuid)
+                log.warning("nvml_call_slow", gpu=uuid, waited_s=round(now - since, 2))
+            if now - since >= self._hang_s:
                 out[uuid] = GpuStatus(lost=False, hung=True)
         return out
 

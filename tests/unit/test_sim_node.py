@@ -168,6 +168,11 @@ ERRORS = [
         "1g.10gb",
     ),
     ("mig-unknown-key", _set("gpus.0.mig", {"on": True}), "gpus[0].mig.on", "one of"),
+    ("nvml-hang-negative", _set("gpus.0.nvml", {"hang": -1}), "gpus[0].nvml.hang", "seconds"),
+    ("nvml-hang-text", _set("gpus.0.nvml", {"hang": "long"}), "gpus[0].nvml.hang", "seconds"),
+    ("nvml-error-odd", _set("gpus.0.nvml", {"error": "oops!"}), "gpus[0].nvml.error", "NVML"),
+    ("nvml-unknown-key", _set("gpus.0.nvml", {"slow": 1}), "gpus[0].nvml.slow", "one of"),
+    ("nvswitch-not-bool", _set("nvswitch", "yes"), "nvswitch", "true or false"),
 ]
 
 
