@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from agents.sim.bundled import DEMO_NODE, bundled_node
-from hack.benchlib import faults, latency, lifecycle, pairing
+from hack.benchlib import faults, latency, lifecycle, nvml_hang, pairing
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, as_json, table
 from hack.benchlib.nodes import generate_node, sharing_config, write_yaml
@@ -76,6 +76,7 @@ def run(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
         rounds = 5 if quick else 20
         figures += faults.xid_fault(fresh("xid"), rounds)
         figures += faults.link_fault(fresh("link"), rounds)
+        figures += nvml_hang.nvml_hang(fresh("nvml-hang"), 300 if quick else 1000)
         progress("pairing")
         figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
         figures.append(pairing.choice_optimality(300 if quick else 3000))
