@@ -1,7 +1,8 @@
 """`node-agent demo`: the agents on a bundled simulated node, driven by the kubelet stand-in.
 
 Shows what a person would check on a real node: the capacity, a few pods' devices with
-their GPU<->NIC pairs, a fault turning a device Unhealthy and back, and a clean stop.
+their GPU<->NIC pairs, a fault turning a device Unhealthy and a reset bringing it back,
+and a clean stop.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 
 from agents.config import Config
 from agents.core.topology import Topology
+from agents.core.xid import HOLD_S
 from agents.daemon import Agent, simulated_backends
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import DEMO_NODE, bundled_node
@@ -133,12 +135,22 @@ class Demo:
         )
         self.out(f"  kubelet saw {names[victim.uuid]} Unhealthy after {seen * 1000:.0f} ms")
         self._describe_node()
-        self.out("Clearing the fault (the GPU was reset) ...")
+        # NVML never says that an XID is over: only a reset (the GPU leaves the bus and
+        # answers again), an opt-in recovery period, or a restart brings the GPU back.
+        gpu = agent.gpu
+        self.out(f"Resetting {names[victim.uuid]} (it leaves the bus, then answers again) ...")
+        await self._edit_and_wait(
+            lambda node: node["gpus"][5].update(xids=[], lost=True),
+            lambda _k: gpu.unhealthy_reason(victim.uuid) == "lost",
+        )
         seen = await self._edit_and_wait(
-            lambda node: node["gpus"][5].__setitem__("xids", []),
+            lambda node: node["gpus"][5].__setitem__("lost", False),
             lambda k: _health(k, victim.uuid) == "Healthy",
         )
-        self.out(f"  kubelet saw {names[victim.uuid]} Healthy again after {seen * 1000:.0f} ms")
+        self.out(
+            f"  kubelet saw {names[victim.uuid]} Healthy again after {seen * 1000:.0f} ms"
+            f" (NVML answering normally for {HOLD_S:g} s first)"
+        )
 
     async def _edit_and_wait(
         self,

@@ -173,6 +173,7 @@ class GpuFamily:
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
+            self._probe_nvml.close()
             try:
                 await bounded(self._nvml.shutdown, SHUTDOWN_WAIT_S, "nvml-shutdown")
             except BackendError as exc:
