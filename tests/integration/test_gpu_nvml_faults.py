@@ -56,6 +56,23 @@ async def test_transient_nvml_error_marks_unhealthy_keeps_listed_and_heals_after
         assert time.monotonic() - began >= HOLD_S
 
 
+async def test_opt_in_xid_recovery_heals_a_critical_xid_after_its_period(
+    tmp_path: Path,
+) -> None:
+    async with running_agent(tmp_path, "health: {xidRecovery: 2}") as run:
+        uuids = run.gpu_uuids()
+        await run.registered({GPU_RESOURCE: 8})
+        await run.edit_node(lambda d: d["gpus"][4]["xids"].append(48))
+        await run.kubelet.wait_until(
+            lambda _: run.devices().get(uuids[4]) == "Unhealthy", FAULT_SEEN_WITHIN * 2
+        )
+        began = time.monotonic()
+        await run.kubelet.wait_until(
+            lambda _: run.devices().get(uuids[4]) == "Healthy", 2 + FAULT_SEEN_WITHIN * 2
+        )
+        assert time.monotonic() - began >= 2 - 1.0  # the period runs from the XID itself
+
+
 def _edit(node_file: Path, change: Any) -> None:
     doc = yaml.safe_load(node_file.read_text())
     change(doc)

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from tests.integration.mocknvml import (
     NVSWITCH_PROFILES,
     OVERRIDES_TTL_S,
     PROFILES,
+    REPO,
     MockAgent,
     mock_env,
     profile_uuids,
@@ -44,9 +45,9 @@ class Run:
     uuids: list[str]
     replicas: int
 
-    def ids(self, indices: object = None) -> set[str]:
+    def ids(self, indices: Iterable[int] | None = None) -> set[str]:
         """Device IDs of the GPUs at these NVML indices (all GPUs by default)."""
-        gpus = self.uuids if indices is None else [self.uuids[i] for i in indices]  # type: ignore[attr-defined]
+        gpus = self.uuids if indices is None else [self.uuids[i] for i in indices]
         if self.replicas == 1:
             return set(gpus)
         return {f"{u}::{n}" for u in gpus for n in range(self.replicas)}
@@ -170,7 +171,8 @@ def test_real_gpu_smoke_script_waits_for_the_first_device_list_on_mock_nvml(
 ) -> None:
     require_mock()
     done = subprocess.run(
-        [sys.executable, "hack/real_gpu.py"],
+        [sys.executable, str(REPO / "hack" / "real_gpu.py")],
+        cwd=REPO,
         env=mock_env("h100", tmp_path / "none.yaml"),
         capture_output=True,
         text=True,
