@@ -20,7 +20,7 @@ from agents.gpu.plan import plan_resources
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
-from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
+from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded, waited
 from agents.hw.sysfs import Sysfs
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 
@@ -30,6 +30,7 @@ PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen w
 PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it moves on
 EVENT_WAIT_SLACK_S = 1.0  # an event wait this much past its timeout is logged as slow
 SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
+START_WAIT_S = 60.0  # NVML's init and discovery at start: a hang ends in a clear error
 
 
 class GpuFamily:
@@ -71,13 +72,13 @@ class GpuFamily:
     def start(self) -> None:
         """Initialise NVML and plan the resources. Raises BackendError or ConfigError."""
         try:
-            self._nvml.init()
+            waited(self._nvml.init, START_WAIT_S, "init")
         except BackendError as exc:
             if self._config.flags.fail_on_init_error:
                 raise
             log.warning("gpu_family_disabled", reason=str(exc), setting="failOnInitError=false")
             return
-        self.gpus = discover(self._nvml, self._sysfs)
+        self.gpus = waited(lambda: discover(self._nvml, self._sysfs), START_WAIT_S, "discovery")
         self._resources = self._build(self.gpus)
         # Every GPU starts Healthy; the first probe, as run() begins, says otherwise.
         self._healthy = {g.uuid: True for g in self.gpus}

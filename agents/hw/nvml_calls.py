@@ -75,6 +75,29 @@ class Worker:
             _settle(*item)
 
 
+def waited(call: Callable[[], T], timeout_s: float, name: str = "nvml") -> T:
+    """Blocking: `call` in a daemon thread, waited for at most timeout_s (BackendError
+    then; the thread is left to finish or hang on its own). For calls made before
+    anything is served, where a hang must still end in a clear error."""
+    box: list[tuple[T | None, BaseException | None]] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box.append((call(), None))
+        except BaseException as exc:  # re-raised in the waiting thread
+            box.append((None, exc))
+        done.set()
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    if not done.wait(timeout_s):
+        raise BackendError(f"NVML {name}: no answer within {timeout_s:g} s")
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result  # type: ignore[return-value]
+
+
 async def bounded(call: Callable[[], T], timeout_s: float, name: str = "nvml") -> T:
     """`call` off the loop; BackendError when it has not returned within timeout_s
     (the thread is left to finish or hang on its own)."""

@@ -43,6 +43,19 @@ def profile_uuids(profile: str) -> list[str]:
     return [str(d["uuid"]) for d in doc["devices"]]
 
 
+def profile_numa(profile: str) -> dict[str, tuple[int, ...]]:
+    """Per GPU UUID, the NUMA node that this machine's sysfs has for the profile's PCI
+    address: () where there is no such device here (the mock models none)."""
+    doc = yaml.safe_load(profile_path(profile).read_text())
+    out: dict[str, tuple[int, ...]] = {}
+    for device in doc["devices"]:
+        domain, rest = str(device["pci"]["bus_id"]).split(":", 1)
+        numa_file = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node")
+        numa = int(numa_file.read_text()) if numa_file.exists() else -1
+        out[str(device["uuid"])] = (numa,) if numa >= 0 else ()
+    return out
+
+
 def mock_env(profile: str, overrides: Path) -> dict[str, str]:
     return {
         **os.environ,
