@@ -102,10 +102,16 @@ class MockAgent:
 
 
 def start_mock_agent(
-    profile: str, plugin_dir: Path, overrides: Path, stderr_path: Path, *args: str
+    profile: str,
+    plugin_dir: Path,
+    overrides: Path,
+    stderr_path: Path,
+    *args: str,
+    failing: dict[int, str] | None = None,
 ) -> MockAgent:
-    """`node-agent run --families gpu` on the real NVML backend over the mock library."""
-    write_overrides(overrides, {})
+    """`node-agent run --families gpu` on the real NVML backend over the mock library,
+    with the GPUs of `failing` (NVML index -> mode) failed before it starts."""
+    write_overrides(overrides, failing or {})
     started = time.monotonic()
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(

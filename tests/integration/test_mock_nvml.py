@@ -137,6 +137,38 @@ async def test_real_backend_on_mock_nvml_serves_and_reports_each_injected_fault(
     )
 
 
+@pytest.mark.parametrize("mode", ["fallen_off_bus", "lost", "ecc_uncorrectable"])
+async def test_a_gpu_failed_before_start_is_advertised_and_only_it_unhealthy(
+    mode: str, tmp_path: Path, plugin_dir: Path
+) -> None:
+    require_mock()
+    uuids = profile_uuids("h100")
+    kubelet = Kubelet(plugin_dir, seed=5)
+    await kubelet.start()
+    agent = start_mock_agent(
+        "h100", plugin_dir, tmp_path / "o.yaml", tmp_path / "a.stderr", failing={2: mode}
+    )
+    try:
+        # An ECC count already there at start is no news: only one that grows is.
+        want = {u: "Healthy" for u in uuids} | {uuids[2]: _at_start(mode)}
+
+        def as_wanted(k: Kubelet) -> bool:
+            view = k.resource(GPU)
+            return view is not None and {i: s.health for i, s in view.devices.items()} == want
+
+        await kubelet.wait_until(as_wanted, START_WAIT)
+        assert agent.terminate(SIGTERM_WITHIN)[0] == 0
+    finally:
+        if agent.alive():
+            agent.process.kill()
+        agent.process.wait(10)
+        await kubelet.stop()
+
+
+def _at_start(mode: str) -> str:
+    return "Healthy" if mode == "ecc_uncorrectable" else "Unhealthy"
+
+
 def _check_numa(run: Run) -> None:
     """Each GPU reports the NUMA node that sysfs has for its PCI address, or none."""
     view = run.kubelet.resource(GPU)
