@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.gpu.resource import VISIBLE_DEVICES
+from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.integration.mocknvml import (
     NVSWITCH_PROFILES,
