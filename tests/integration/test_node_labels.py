@@ -175,6 +175,8 @@ async def test_readers_only_ever_see_whole_files_and_no_temp_files_remain(
     for n in range(3):  # three rewrites: one more GPU with an XID each time
         labelled.edit_node(lambda node, n=n: node["gpus"][5 + n]["xids"].append(79))
         await labelled.label_becomes("gpu.healthy", str(7 - n))
+    last = f"{PREFIX}gpu.healthy=5"
+    await async_wait_until(lambda: any(last in text for text in reader.seen), WAIT, "read")
     reader.stop.set()
 
     healthy = [parse(text)[PREFIX + "gpu.healthy"] for text in reader.seen]
