@@ -73,6 +73,19 @@ class Scoring:
         self.start = State()
         for kind in context.fixed:
             self.start = self.add(self.start, kind)
+        sigs = signatures(kinds, self.caps, context, target)
+        self.same_as_previous = [False] + [
+            a is not None and a == b for a, b in zip(sigs[1:], sigs, strict=False)
+        ]
+
+    def with_interchangeable(self, classes: set[int]) -> set[int]:
+        """`classes` and every class interchangeable with one of them."""
+        run, runs = 0, []
+        for i, same in enumerate(self.same_as_previous):
+            run = run if same else i
+            runs.append(run)
+        wanted = {runs[i] for i in classes}
+        return {i for i, r in enumerate(runs) if r in wanted}
 
     def add(self, s: State, kind: Kind) -> State:
         """The state after taking one device of `kind`."""
@@ -184,6 +197,31 @@ class Scoring:
                 return None
             lows.append(lo)
         return tuple(lows)
+
+
+def signatures(
+    kinds: Sequence[Kind], caps: Sequence[int], context: Context, target: int
+) -> list[tuple[int, ...] | None]:
+    """What the score sees of each class, where that is all it sees: the class alone has
+    its partners (no other device of either list, nor a free one, shares any of them).
+    Taking t devices of one such class or t of another with the same signature then
+    scores the same, whatever else is taken."""
+    masks = [m for m, _ in kinds]
+    distinct = {*masks, *(m for m, _ in context.fixed), *context.free_masks}
+    seen = shared = 0
+    for m in distinct:
+        shared |= seen & m
+        seen |= m
+    fixed = 0
+    for m, _ in context.fixed:
+        fixed |= m
+    repeated = {m for m in masks if masks.count(m) > 1}
+    return [
+        None
+        if not m or m & shared or m in repeated
+        else (free, cap, (m & target).bit_count(), context.free_masks.get(m, 0), bool(m & fixed))
+        for (m, free), cap in zip(kinds, caps, strict=True)
+    ]
 
 
 def _fewest_new_groups(sizes: list[tuple[int, int]], groups: int, short: int) -> int:

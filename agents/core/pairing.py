@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from agents.core.pair_score import Context, Kind, Score, Scoring, State
+from agents.core.budget import Expired, Watch, never
+from agents.core.pair_score import Context, Kind, Score, Scoring, State, signatures
 from agents.core.subsets import PairCosts, Search, cheapest
 
 
@@ -90,9 +91,12 @@ def prefer(
     size: int,
     view: PairView,
     costs: PairCosts | None = None,
+    *,
+    expired: Expired = never,
 ) -> list[str]:
     """The `size` devices with the best `score`; among those, the smallest sum of pair
-    `costs` (which covers every available device), then the smallest sorted IDs."""
+    `costs` (which covers every available device), then the smallest sorted IDs.
+    Once `expired`, the searches stop and the best choice found so far is returned."""
     fixed = sorted(must_include)
     pool = sorted(set(available) - set(fixed))
     want = size - len(fixed)
@@ -111,19 +115,25 @@ def prefer(
         by_kind.setdefault((masks.get(d, 0), d in free), []).append(d)
     costs = costs or PairCosts.free(pool + fixed)
     alike = _search_order(by_kind, fixed, costs, context)
-    return sorted([*fixed, *_choose(alike, fixed, want, costs, context)])
+    return sorted([*fixed, *_choose(alike, fixed, want, costs, context, expired=expired)])
 
 
 def _choose(
-    alike: dict[Kind, list[str]], fixed: list[str], want: int, costs: PairCosts, context: Context
+    alike: dict[Kind, list[str]],
+    fixed: list[str],
+    want: int,
+    costs: PairCosts,
+    context: Context,
+    *,
+    expired: Expired,
 ) -> list[str]:
     """Two searches: the best score over the classes of devices alike to it, then the
     cheapest set with that score over classes alike to both the score and the costs.
     Where the bounds prove that every choice left scores the same, costs alone decide."""
     coarse = Scoring(list(alike), [len(c) for c in alike.values()], context)
     if coarse.settled(coarse.start, 0, want) is not None:
-        return cheapest(fixed, [d for c in alike.values() for d in c], want, costs)
-    best = best_score(coarse, want)
+        return cheapest(fixed, [d for c in alike.values() for d in c], want, costs, expired=expired)
+    best = best_score(coarse, want, expired=expired)
     finer: dict[tuple[Kind, int], list[str]] = {}
     for n, (kind, devices) in enumerate(alike.items()):
         if best.usable is None or n in best.usable:
@@ -133,10 +143,12 @@ def _choose(
     classes = [devices for _, devices in fine]
     scoring = Scoring([kind for kind, _ in fine], [len(c) for c in classes], context)
     if scoring.settled(scoring.start, 0, want) is not None:
-        return cheapest(fixed, [d for c in classes for d in c], want, costs)
+        return cheapest(fixed, [d for c in classes for d in c], want, costs, expired=expired)
     # One set with the best score, to start the second search with a bound.
     picked = {d for c, n in zip(alike.values(), best.counts, strict=True) for d in c[:n]}
-    search = _ScoreFilter(fixed, classes, want, costs, scoring=scoring, target=best.score)
+    search = _ScoreFilter(
+        fixed, classes, want, costs, scoring=scoring, target=best.score, expired=expired
+    )
     chosen = search.run([sum(d in picked for d in c) for c in classes])
     assert chosen is not None  # the first search found a set with the target score
     return chosen
@@ -155,10 +167,16 @@ def _search_order(
         if twin not in near_fixed:
             near_fixed[twin] = sum(costs.cost(devices[0], f) for f in fixed)
 
-    def rank(item: tuple[Kind, list[str]]) -> tuple[bool, int, int, int]:
-        (mask, _), devices = item
+    kinds = list(by_kind)
+    sigs = signatures(kinds, [len(by_kind[k]) for k in kinds], context, pairs)
+    alike = {k: (1, ()) if sig is None else (0, sig) for k, sig in zip(kinds, sigs, strict=True)}
+
+    def rank(
+        item: tuple[Kind, list[str]],
+    ) -> tuple[bool, int, tuple[int, tuple[int, ...]], int, int]:
+        kind, devices = item
         twin = costs.twin(devices[0])
-        return (not mask & pairs, -len(devices), near_fixed[twin], twin)
+        return (not kind[0] & pairs, -len(devices), alike[kind], near_fixed[twin], twin)
 
     return dict(sorted(by_kind.items(), key=rank))
 
@@ -176,8 +194,9 @@ class _ScoreFilter(Search[State]):
         *,
         scoring: Scoring,
         target: Score,
+        expired: Expired,
     ) -> None:
-        super().__init__(fixed, classes, want, costs, scoring.start)
+        super().__init__(fixed, classes, want, costs, scoring.start, expired=expired)
         self.scoring, self.target = scoring, target
 
     def step(self, state: State, i: int, take: int) -> State:
@@ -196,44 +215,59 @@ class Best(NamedTuple):
     usable: set[int] | None  # classes some choice with that score draws on; None: any may
 
 
-def best_score(scoring: Scoring, want: int, budget: int = 400) -> Best:
+def best_score(scoring: Scoring, want: int, budget: int = 400, expired: Expired = never) -> Best:
     """The lowest score of `want` devices from the classes, one choice that has it, and
     which classes the choices that have it draw on.
 
     Depth first, the most of each class first. A branch whose bounds cannot reach the
     best so far is cut; a branch whose bounds leave a single score is counted whole.
-    Past `budget` branches, ties are cut too and every class counts as usable.
+    Of classes that `scoring` finds interchangeable, a choice takes no more from one
+    than from the one before it: any other choice scores as one of those does.
+    Past `budget` branches, ties are cut too and every class counts as usable; once
+    `expired`, the best found so far stands (the first choice tried, if none yet).
     """
     k = len(scoring.caps)
     best: Best | None = None
     stack: list[tuple[int, int, State, list[int]]] = [(0, want, scoring.start, [])]
-    nodes = 0
-    while stack:
+    watch = Watch(expired)
+    while stack and not watch.step():
         i, left, state, counts = stack.pop()
-        nodes += 1
         if left == 0:
             best = _better(best, scoring.value(state), counts + [0] * (k - i), k)
             continue
         if scoring.room[i] < left:
             continue
-        cut, lows = _judge(scoring.spans(state, i, left), best, nodes > budget)
+        cut, lows = _judge(scoring.spans(state, i, left), best, watch.steps > budget)
         if cut:
             continue
         if lows is not None:
             # Every way on from here scores `lows`: one of them stands for all.
-            rest, fill = [], left
-            for cap in scoring.caps[i:]:
-                rest.append(min(cap, fill))
-                fill -= rest[-1]
-            best = _better(best, tuple(lows), counts + rest, k, ahead=range(i, k))
+            best = _better(best, tuple(lows), counts + _fill(scoring, i, left), k, range(i, k))
             continue
         low = max(0, left - scoring.room[i + 1])
+        high = min(scoring.caps[i], left, counts[-1] if scoring.same_as_previous[i] else left)
         # Pushed smallest first, so the most of class i is tried first.
-        for take in range(low, min(scoring.caps[i], left) + 1):
+        for take in range(low, high + 1):
             nxt = scoring.step(state, i, take) if take else state
             stack.append((i + 1, left - take, nxt, [*counts, take]))
-    assert best is not None
-    return best if nodes <= budget else best._replace(usable=None)
+    if best is None:
+        counts = _fill(scoring, 0, want)
+        state = scoring.start
+        for i, take in enumerate(counts):
+            state = scoring.step(state, i, take) if take else state
+        return Best(scoring.value(state), counts, None)
+    if watch.stopped or watch.steps > budget or best.usable is None:
+        return best._replace(usable=None)
+    return best._replace(usable=scoring.with_interchangeable(best.usable))
+
+
+def _fill(scoring: Scoring, i: int, left: int) -> list[int]:
+    """The most of each class from i on, in order, until `left` are taken."""
+    rest = []
+    for cap in scoring.caps[i:]:
+        rest.append(min(cap, left))
+        left -= rest[-1]
+    return rest
 
 
 def _judge(

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Generic, TypeVar
 
-# Nodes one search may visit. Past it the best set found so far stands (always a valid
-# answer); no node seen by the tests or the bench comes near it.
-NODE_BUDGET = 20_000
+from agents.core.budget import Expired, Watch, never
 
 State = TypeVar("State")
 
@@ -77,11 +75,17 @@ def twin_classes(devices: Iterable[str], costs: PairCosts) -> list[list[str]]:
 
 
 def cheapest(
-    fixed: Sequence[str], devices: Iterable[str], want: int, costs: PairCosts
+    fixed: Sequence[str],
+    devices: Iterable[str],
+    want: int,
+    costs: PairCosts,
+    *,
+    expired: Expired = never,
 ) -> list[str]:
     """`want` of `devices` with the smallest sum of pair costs, `fixed` counted in, then
-    the smallest sorted IDs; sorted, without `fixed`."""
-    search: Search[None] = Search(fixed, twin_classes(devices, costs), want, costs, None)
+    the smallest sorted IDs; sorted, without `fixed`. Once `expired`, the best found."""
+    classes = twin_classes(devices, costs)
+    search: Search[None] = Search(fixed, classes, want, costs, None, expired=expired)
     chosen = search.run(search.greedy())
     assert chosen is not None
     return chosen
@@ -94,7 +98,8 @@ class Search(Generic[State]):
     for a caller's filter), so a choice is how many of each it takes, and taking its
     smallest IDs breaks every tie within it. The key of a choice is (pair cost sum,
     sorted IDs). A subclass may carry a state along (`step`) and reject choices
-    (`feasible` on a partial one, `accept` on a whole one).
+    (`feasible` on a partial one, `accept` on a whole one). Once `expired`, the walk
+    stops and the best choice offered so far stands (the incumbent given to `run`).
     """
 
     def __init__(
@@ -104,6 +109,8 @@ class Search(Generic[State]):
         want: int,
         costs: PairCosts,
         start: State,
+        *,
+        expired: Expired = never,
     ) -> None:
         self.fixed = list(fixed)
         self.classes = [list(c) for c in classes]
@@ -128,7 +135,7 @@ class Search(Generic[State]):
         high = list(accumulate((c[0] for c in reversed(self.classes)), min))[::-1]
         self.prefix_ok = [i == 0 or low[i] < high[i] for i in range(k)] + [True]
         self.best: tuple[int, list[str]] | None = None
-        self.nodes = 0
+        self.watch = Watch(expired)
 
     def step(self, state: State, i: int, take: int) -> State:
         """The state after taking `take` devices of class i (take > 0)."""
@@ -189,13 +196,14 @@ class Search(Generic[State]):
     def _walk(self, left: int, cost: int, acc: list[int], counts: list[int], state: State) -> None:
         """Classes before len(counts) are decided; `acc` holds each class's cost to the
         devices taken so far, `left` how many more to take."""
-        self.nodes += 1
+        if self.watch.step():
+            return
         i = len(counts)
         if left == 0:
             if self.accept(state):
                 self._offer(cost, counts)
             return
-        if self.room[i] < left or self.nodes > NODE_BUDGET:
+        if self.room[i] < left:
             return
         if i == len(acc) - 1:  # the last class: the rest is forced
             spent = cost + left * acc[i] + left * (left - 1) // 2 * self.inner[i]
