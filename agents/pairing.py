@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import structlog
 
 from agents.core.ledger import GPU, NIC, Event, Ledger
+from agents.core.budget import Expired, never
 from agents.core.subsets import PairCosts
 from agents.core.topology import PciLocation, Topology
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
@@ -144,11 +145,14 @@ class PairingSide:
         must_include: Sequence[str],
         size: int,
         costs: PairCosts | None = None,
+        *,
+        expired: Expired = never,
     ) -> list[str] | None:
         if not self.pairing.active:
             return None
         self.pairing.sync()
-        return self.pairing.ledger.prefer(self.kind, available, must_include, size, costs)
+        ledger = self.pairing.ledger
+        return ledger.prefer(self.kind, available, must_include, size, costs, expired=expired)
 
     def allocated(self, ids: Sequence[str]) -> None:
         if self.pairing.active:

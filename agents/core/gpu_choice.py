@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from agents.core.budget import Expired, never
 from agents.core.subsets import PairCosts, cheapest
 from agents.core.topology import Distance
 
@@ -30,12 +31,19 @@ def choose_gpus(
 
 
 def choose(
-    available: Sequence[str], must_include: Sequence[str], size: int, costs: PairCosts
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    costs: PairCosts,
+    *,
+    expired: Expired = never,
 ) -> list[str]:
     """The `size` devices, `must_include` among them, with the smallest sum of pair
-    costs, then the smallest sorted IDs; `costs` covers every available device."""
+    costs, then the smallest sorted IDs; `costs` covers every available device.
+    Once `expired`, the cheapest set found so far."""
     fixed = sorted(must_include)
-    extra = cheapest(fixed, set(available) - set(must_include), size - len(fixed), costs)
+    pool = set(available) - set(must_include)
+    extra = cheapest(fixed, pool, size - len(fixed), costs, expired=expired)
     return sorted([*fixed, *extra])
 
 

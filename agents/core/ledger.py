@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agents.core import pairing
+from agents.core.budget import Expired, never
 from agents.core.checkpoint import Checkpoint
 from agents.core.pairing import PairView, Partners
 from agents.core.subsets import PairCosts
@@ -47,6 +48,8 @@ class PairingSide(Protocol):
         must_include: Sequence[str],
         size: int,
         costs: PairCosts | None = None,
+        *,
+        expired: Expired = never,
     ) -> list[str] | None: ...
 
     def allocated(self, ids: Sequence[str]) -> None: ...
@@ -169,7 +172,10 @@ class Ledger:
         must_include: Sequence[str],
         size: int,
         costs: PairCosts | None,
+        *,
+        expired: Expired = never,
     ) -> list[str]:
+        """Once `expired`, the choice searches stop at the best found so far."""
         self._settle()
         other = OTHER[kind]
         offered = frozenset(available) - frozenset(must_include)
@@ -185,7 +191,7 @@ class Ledger:
         )
 
         def choose(v: PairView) -> list[str]:
-            return pairing.prefer(available, must_include, size, v, costs)
+            return pairing.prefer(available, must_include, size, v, costs, expired=expired)
 
         answer = choose(view)
         if container_other or self._listing is not None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from agents.config import Flags
-from agents.core import gpu_choice
+from agents.core import budget, gpu_choice
 from agents.core.device import ContainerAllocation, Device
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
@@ -46,8 +47,10 @@ class GpuResource:
         nvlinks: Mapping[frozenset[str], int],
         pcie: Callable[[str, str], Distance],
         pairing: PairingSide | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = plan.name
+        self._clock = clock
         self.plan = plan
         self._units = {u.id: u for u in plan.units}
         self._options = options
@@ -117,11 +120,13 @@ class GpuResource:
             return self._spread(available, must_include, size)
         if not self.whole_gpus:
             return self._pack_mig(available, must_include, size)
+        expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
+        costs = self._costs()
         if self.pairing is not None:
-            paired = self.pairing.prefer(available, must_include, size, self._costs())
+            paired = self.pairing.prefer(available, must_include, size, costs, expired=expired)
             if paired is not None:
                 return paired
-        return gpu_choice.choose(available, must_include, size, self._costs())
+        return gpu_choice.choose(available, must_include, size, costs, expired=expired)
 
     def _costs(self) -> PairCosts:
         """NVLinks, then PCIe distance, as one cost per pair of units (lower is better);

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
+from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
@@ -23,8 +25,10 @@ class RoceResource:
         *,
         dev_root: str = "",
         pairing: PairingSide | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._name = name
+        self._clock = clock
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
         self._inventory = Inventory()
@@ -67,7 +71,9 @@ class RoceResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         if self.pairing is not None:
-            paired = self.pairing.prefer(available, must_include, size, self._costs())
+            expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
+            costs = self._costs()
+            paired = self.pairing.prefer(available, must_include, size, costs, expired=expired)
             if paired is not None:
                 return paired
         # Without a GPU partner: stay on the NUMA node of what is already chosen.
