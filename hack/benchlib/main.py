@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from agents.sim.bundled import DEMO_NODE, bundled_node
-from hack.benchlib import faults, latency, lifecycle, nvml_hang, pairing
+from hack.benchlib import busy, faults, latency, lifecycle, nvml_hang, pairing
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, as_json, table
 from hack.benchlib.nodes import generate_node, sharing_config, write_yaml
@@ -56,10 +56,13 @@ def latency_figures(root: Path, n: int) -> list[Figure]:
     return figures
 
 
-def run(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
+def run(quick: bool, progress: Callable[[str], None], only: str | None = None) -> list[Figure]:
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         root = Path(tmp)
+        if only == "busy":
+            progress("GetPreferredAllocation on partly occupied nodes")
+            return busy.busy_figures(root, 300 if quick else 2000, 100 if quick else 300)
 
         def fresh(name: str) -> Path:
             path = root / name
@@ -72,6 +75,8 @@ def run(quick: bool, progress: Callable[[str], None]) -> list[Figure]:
         )
         progress("Allocate / GetPreferredAllocation latency")
         figures += latency_figures(root, 300 if quick else 2000)
+        progress("GetPreferredAllocation on partly occupied nodes")
+        figures += busy.busy_figures(fresh("busy"), 300 if quick else 2000, 100 if quick else 300)
         progress("faults")
         rounds = 5 if quick else 20
         figures += faults.xid_fault(fresh("xid"), rounds)
@@ -87,13 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/bench", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
+    parser.add_argument(
+        "--only",
+        choices=["busy"],
+        help="only these figures (busy: GetPreferredAllocation on partly occupied nodes)",
+    )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
 
     def progress(step: str) -> None:
         print(f"bench: {step} ...", file=sys.stderr, flush=True)
 
-    figures = run(args.quick, progress)
+    figures = run(args.quick, progress, args.only)
     info = machine()
     if args.json:
         print(as_json(figures, info))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,83 @@ def sharing_config(replicas: int, *, mig_strategy: str = "none") -> dict[str, An
             "timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}
         },
     }
+
+
+def irregular_node(rng: random.Random, gpus: int, nics: int) -> dict[str, Any]:
+    """`gpus` GPUs and `nics` NICs hung at random on an uneven PCIe tree: two NUMA nodes
+    of two host bridges, root ports with switches nested zero to three deep, so that
+    devices are at every distance from each other; a random NVLink mesh of random width.
+    """
+    tree = _Tree(rng)
+    gpu_docs: list[dict[str, Any]] = []
+    for i in range(gpus):
+        pci, upstream, numa = tree.place()
+        peers = [j for j in range(gpus) if j != i and rng.random() < 0.3]
+        gpu_docs.append(
+            {
+                "uuid": _gpu_uuid(i),
+                "pci": pci,
+                "upstream": upstream,
+                "numa": numa,
+                "model": "NVIDIA H100 80GB HBM3",
+                "memoryMiB": 81559,
+                "minor": i,
+                "nvlinks": [],
+                "xids": [],
+                "lost": False,
+            }
+        )
+        gpu_docs[i]["_peers"] = peers
+    for i, doc in enumerate(gpu_docs):
+        # Links are symmetric: the pair's count, listed by both ends.
+        for j in doc.pop("_peers"):
+            if j > i:
+                links = rng.randint(1, 4)
+                doc["nvlinks"] += [_gpu_uuid(j)] * links
+                gpu_docs[j]["nvlinks"] += [_gpu_uuid(i)] * links
+    nic_docs: list[dict[str, Any]] = []
+    for n in range(nics):
+        pci, upstream, numa = tree.place()
+        nic_docs.append(
+            {
+                "pci": pci,
+                "upstream": upstream,
+                "numa": numa,
+                "netdev": f"bench{n}np0",
+                "rdma": f"mlx5_{n}",
+                "vendor": "15b3",
+                "linkLayer": "Ethernet",
+                "link": "up",
+            }
+        )
+    return {"numaNodes": 2, "gpus": gpu_docs, "nics": nic_docs}
+
+
+class _Tree:
+    """Bridges made up on demand: a device lands below a random chain of them, reusing
+    the chains already made about half the time, so devices share switches unevenly."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.next_bus = 0x10
+        self.chains: list[list[str]] = []
+        self.root_ports = [0] * 4
+
+    def _bus(self) -> int:
+        self.next_bus += 1
+        return self.next_bus - 1
+
+    def place(self) -> tuple[str, list[str], int]:
+        rng = self.rng
+        host = rng.randrange(4)  # host bridges 0, 1 on NUMA node 0; 2, 3 on node 1
+        mine = [c for c in self.chains if int(c[0][5:7], 16) == host]
+        if mine and rng.random() < 0.6:
+            chain = list(rng.choice(mine))
+            chain = chain[: rng.randint(1, len(chain))]
+        else:
+            self.root_ports[host] += 1
+            chain = [f"0000:{host:02x}:{self.root_ports[host]:02x}.0"]
+        for _ in range(rng.choice((0, 0, 1, 2, 3)) if len(chain) == 1 else rng.randrange(2)):
+            chain.append(f"0000:{self._bus():02x}:00.0")
+        self.chains.append(chain)
+        return f"0000:{self._bus():02x}:00.0", chain, host // 2
