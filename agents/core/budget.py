@@ -9,11 +9,11 @@ from collections.abc import Callable
 Expired = Callable[[], bool]
 
 # Steps between two looks at the clock: a step costs microseconds, a look about as much.
-CHECK_EVERY = 16
+CHECK_EVERY = 4
 # What one GetPreferredAllocation may spend searching. The kubelet waits for the answer
 # with every other pod's admission held up; the searches finish well within it on
 # regular nodes, and past it the best choice found so far is answered.
-PREFERRED_ALLOCATION_S = 0.0015
+PREFERRED_ALLOCATION_S = 0.001
 
 
 def never() -> bool:

@@ -88,6 +88,16 @@ def view(
             GPUS,
             id="everything-asked-for",
         ),
+        pytest.param(
+            ["g0", "g1", "g2"],
+            1,
+            view(
+                {"g0": frozenset({"n1"}), "g1": frozenset({"n3"}), "g2": frozenset({"n1", "n2"})},
+                other_free={"n1", "n3"},
+            ),
+            ["g1"],
+            id="a-switch-whose-partner-another-shares-is-not-alike-to-one-alone",
+        ),
     ],
 )
 def test_prefer_pairs_as_the_table_says(
@@ -157,6 +167,37 @@ def test_prefer_equals_the_brute_force_optimum(data: st.DataObject, n: int, widt
     size = data.draw(st.integers(max(len(must), 1), len(available)))
     weight = {d: data.draw(st.integers(0, 3)) for d in ids}
     costs = PairCosts.of(ids, lambda a, b: weight[a] * weight[b])
+    pair_view = PairView(
+        partners=partners,
+        other_free=frozenset(data.draw(st.sets(st.sampled_from(others)))),
+        container_other=frozenset(data.draw(st.sets(st.sampled_from(others), max_size=2))),
+        this_free=frozenset(data.draw(st.sets(st.sampled_from(ids)))) | set(available) - set(must),
+    )
+    got = prefer(available, must, size, pair_view, costs)
+    assert got == _brute_force(available, must, size, pair_view, costs)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), n=st.integers(2, 11), per_switch=st.integers(1, 3))
+def test_prefer_equals_the_brute_force_optimum_where_switches_look_alike(
+    data: st.DataObject, n: int, per_switch: int
+) -> None:
+    """Devices on switches of their own, `per_switch` to a switch and its partners: many
+    classes the score cannot tell apart, which the search takes in one order only."""
+    ids = [f"d{i:02d}" for i in range(n)]
+    switches = (n + per_switch - 1) // per_switch
+    others = [f"o{s}" for s in range(switches)]
+    partners = {d: frozenset({f"o{i // per_switch}"}) for i, d in enumerate(ids)}
+    if data.draw(st.booleans()):
+        # One device as near to a second switch's partner: those switches no longer
+        # look like the others.
+        odd = data.draw(st.sampled_from(ids))
+        partners[odd] = partners[odd] | {data.draw(st.sampled_from(others))}
+    available = data.draw(st.lists(st.sampled_from(ids), min_size=1, unique=True))
+    must = data.draw(st.lists(st.sampled_from(available), max_size=2, unique=True))
+    size = data.draw(st.integers(max(len(must), 1), len(available)))
+    numa = {d: data.draw(st.integers(0, 1)) for d in ids}
+    costs = PairCosts.of(ids, lambda a, b: int(numa[a] != numa[b]))
     pair_view = PairView(
         partners=partners,
         other_free=frozenset(data.draw(st.sets(st.sampled_from(others)))),
