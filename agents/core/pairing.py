@@ -144,14 +144,36 @@ def _choose(
     scoring = Scoring([kind for kind, _ in fine], [len(c) for c in classes], context)
     if scoring.settled(scoring.start, 0, want) is not None:
         return cheapest(fixed, [d for c in classes for d in c], want, costs, expired=expired)
-    # One set with the best score, to start the second search with a bound.
-    picked = {d for c, n in zip(alike.values(), best.counts, strict=True) for d in c[:n]}
+    # One set with the best score, to start the second search with a bound (and to stand
+    # if the deadline leaves it no time): within each class, the cheapest devices.
+    picked = _cheap_pick(list(alike.values()), best.counts, fixed, costs)
     search = _ScoreFilter(
         fixed, classes, want, costs, scoring=scoring, target=best.score, expired=expired
     )
     chosen = search.run([sum(d in picked for d in c) for c in classes])
     assert chosen is not None  # the first search found a set with the target score
     return chosen
+
+
+def _cheap_pick(
+    classes: list[list[str]], counts: list[int], fixed: list[str], costs: PairCosts
+) -> set[str]:
+    """`counts[i]` devices of each class i, one at a time: the device cheapest next to
+    `fixed` and those taken so far (the smallest ID on ties). Any choice of the same
+    counts scores the same; this one is a cheap one."""
+    need = {i: n for i, n in enumerate(counts) if n}
+    acc = {(d, i): sum(costs.cost(d, f) for f in fixed) for i in need for d in classes[i]}
+    picked: set[str] = set()
+    while acc:
+        device, i = min(acc, key=lambda key: (acc[key], key[0]))
+        picked.add(device)
+        del acc[(device, i)]
+        need[i] -= 1
+        if not need[i]:
+            acc = {key: value for key, value in acc.items() if key[1] != i}
+        for key in acc:
+            acc[key] += costs.cost(key[0], device)
+    return picked
 
 
 def _search_order(

@@ -40,7 +40,7 @@ def enumerate_prefer(
     limit: int,
 ) -> Enumerated:
     """`prefer`'s answer by enumeration, if there are at most `limit` ways to try."""
-    started = time.perf_counter()
+    started = time.thread_time()
     fixed = sorted(must)
     pool = sorted(set(available) - set(fixed))
     want = size - len(fixed)
@@ -62,10 +62,10 @@ def enumerate_prefer(
     caps = [len(c) for c in classes]
     count = ways(caps, want)
     if count > limit:
-        return Enumerated(None, count, time.perf_counter() - started)
+        return Enumerated(None, count, time.thread_time() - started)
     walk = _Walk(classes, kinds, fixed, want=want, costs=costs, context=context)
     answer = walk.best()
-    return Enumerated(sorted([*fixed, *answer]), count, time.perf_counter() - started)
+    return Enumerated(sorted([*fixed, *answer]), count, time.thread_time() - started)
 
 
 class _Walk:
