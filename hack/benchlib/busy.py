@@ -33,6 +33,7 @@ TARGET_P99_MS = 2.0
 TARGET_MAX_MS = 10.0
 WARMUP = 20
 ENUMERATION_LIMIT = 100_000  # count vectors; past it the enumeration is not run
+FLOOR = "floor"
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,13 @@ def _enumerate(model: Model, ask: Ask, best: list[str], out: Pure) -> None:
 def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float]]:
     """Round trips over the agent's sockets while a workload fills and empties the node:
     every answer is allocated, and after each container the checkpoint is renamed into
-    place in the kubelet's own format, as on a real node."""
+    place in the kubelet's own format, as on a real node. After each call, an empty
+    GetDevicePluginOptions is timed too (`FLOOR`): what any round trip costs meanwhile."""
     model = Model(shape.doc, replicas=replicas_of(shape.config))
     node = write_yaml(work / "node.yaml", dict(shape.doc))
     agent = AgentProcess(work, node, config=shape.config)
     agent.start()
-    ms: dict[str, list[float]] = {GPU: [], NIC: []}
+    ms: dict[str, list[float]] = {GPU: [], NIC: [], FLOOR: []}
     try:
         agent.wait_serving([GPU, NIC])
         with Client(agent.socket(GPU)) as gpu, Client(agent.socket(NIC)) as nic:
@@ -152,9 +154,13 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
                 started = time.perf_counter()
                 answer = client.preferred(ask.available, ask.must, ask.size)
                 took = time.perf_counter() - started
+                started = time.perf_counter()
+                client.options()
+                floor = time.perf_counter() - started
                 seen += 1
                 if seen > WARMUP:
                     ms[ask.resource].append(took * 1000)
+                    ms[FLOOR].append(floor * 1000)
                 client.allocate(answer)
                 return answer
 
@@ -167,7 +173,7 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
                     for resource, ids in got.items()
                 ]
                 write_checkpoint(checkpoint, checkpoint_data(entries, model.devices))
-                if sum(map(len, ms.values())) >= calls:
+                if len(ms[FLOOR]) >= calls:
                     break
     finally:
         agent.stop()
@@ -202,6 +208,9 @@ def busy_figures(root: Path, calls: int, enumerated: int, seed: int = 1) -> list
                 figures += _spread(f"{name} unbounded", measured.unbounded[resource], None)
             if compared is not None:
                 figures += _comparison(name, compared, resource)
+        figures += _spread(
+            f"GetDevicePluginOptions (empty) busy {shape.label} RPC", by_rpc[FLOOR], None
+        )
     return figures
 
 
