@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.core import budget
+from agents.core import budget, pairing
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointEntry,
@@ -63,6 +63,7 @@ class Pure:
     unbounded: dict[str, list[float]] = field(default_factory=lambda: {GPU: [], NIC: []})
     expired: dict[str, int] = field(default_factory=lambda: {GPU: 0, NIC: 0})
     changed: dict[str, int] = field(default_factory=lambda: {GPU: 0, NIC: 0})
+    worse_pairing: dict[str, int] = field(default_factory=lambda: {GPU: 0, NIC: 0})
     enumerated: dict[str, list[float]] = field(default_factory=lambda: {GPU: [], NIC: []})
     too_many: dict[str, int] = field(default_factory=lambda: {GPU: 0, NIC: 0})
     most_ways: dict[str, int] = field(default_factory=lambda: {GPU: 0, NIC: 0})
@@ -104,6 +105,9 @@ def pure(model: Model, calls: int, seed: int, *, enumerate_too: bool) -> Pure:
             out.unbounded[r].append(took_unbounded * 1000)
             out.expired[r] += any(fired)
             out.changed[r] += answer != best
+            if model.paired and answer != best:
+                view = model.view(ask)
+                out.worse_pairing[r] += pairing.score(answer, view) != pairing.score(best, view)
             if enumerate_too and model.paired:
                 _enumerate(model, ask, best, out)
         return answer
@@ -203,6 +207,8 @@ def busy_figures(root: Path, calls: int, enumerated: int, seed: int = 1) -> list
                     f"budget {budget.PREFERRED_ALLOCATION_S * 1000:g} ms expired in "
                     f"{measured.expired[resource]}/{len(measured.ms[resource])} calls, "
                     f"answer differs from the unbounded search in {measured.changed[resource]}"
+                    f" (pairing score worse in {measured.worse_pairing[resource]}, "
+                    "pair costs only in the others)"
                 )
                 figures += _spread(f"{name} pure CPU", measured.ms[resource], note)
                 figures += _spread(f"{name} unbounded", measured.unbounded[resource], None)
