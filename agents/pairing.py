@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.core.budget import Expired, never
+from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.core.subsets import PairCosts
 from agents.core.topology import PciLocation, Topology
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
