@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from agents.api import podresources_pb2 as pr
+from agents.api import podresources_pb2_grpc as pr_grpc
 from agents.core import budget, pairing
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
@@ -133,14 +138,65 @@ def _enumerate(model: Model, ask: Ask, best: list[str], out: Pure) -> None:
     out.enumerated[ask.resource].append(got.seconds * 1000)
 
 
+class _Agent(AgentProcess):
+    """The agent, asking pod-resources on a socket of the bench's own."""
+
+    def __init__(self, work: Path, node: Path, config: Any, pod_resources: Path) -> None:
+        super().__init__(work, node, config=config)
+        self.pod_resources = pod_resources
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--pod-resources-socket", str(self.pod_resources)]
+
+
+class _Lister(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """The kubelet's pod-resources answer: every pod of the workload, the one being
+    admitted with the devices it got so far; deleted pods are gone at once."""
+
+    def __init__(self, pods: Callable[[], Mapping[str, Mapping[str, list[str]]]]) -> None:
+        self._pods = pods
+
+    def List(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC name)
+        return pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(
+                    name=name,
+                    namespace="default",
+                    containers=[
+                        pr.ContainerResources(
+                            name="c",
+                            devices=[
+                                pr.ContainerDevices(resource_name=r, device_ids=sorted(ids))
+                                for r, ids in got.items()
+                            ],
+                        )
+                    ],
+                )
+                for name, got in list(self._pods().items())
+            ]
+        )
+
+
+def _pod_resources(socket: Path, workload: Workload) -> Any:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    pr_grpc.add_PodResourcesListerServicer_to_server(_Lister(lambda: workload.pods), server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    socket.chmod(0o600)
+    return server
+
+
 def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float]]:
     """Round trips over the agent's sockets while a workload fills and empties the node:
     every answer is allocated, and after each container the checkpoint is renamed into
-    place in the kubelet's own format, as on a real node. After each call, an empty
-    GetDevicePluginOptions is timed too (`FLOOR`): what any round trip costs meanwhile."""
+    place in the kubelet's own format and pod-resources answers what the kubelet would,
+    as on a real node. After each call, an empty GetDevicePluginOptions is timed too
+    (`FLOOR`): what any round trip costs meanwhile."""
     model = Model(shape.doc, replicas=replicas_of(shape.config))
     node = write_yaml(work / "node.yaml", dict(shape.doc))
-    agent = AgentProcess(work, node, config=shape.config)
+    workload = Workload(model.devices, random.Random(seed), big=biggest(model))
+    lister = _pod_resources(work / "pod-resources.sock", workload)
+    agent = _Agent(work, node, shape.config, work / "pod-resources.sock")
     agent.start()
     ms: dict[str, list[float]] = {GPU: [], NIC: [], FLOOR: []}
     try:
@@ -168,7 +224,6 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
                 client.allocate(answer)
                 return answer
 
-            workload = Workload(model.devices, random.Random(seed), big=biggest(model))
             checkpoint = agent.plugin_dir / CHECKPOINT_NAME
             for _ in workload.admissions(choose):
                 entries = [
@@ -181,6 +236,7 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
                     break
     finally:
         agent.stop()
+        lister.stop(None)
     return ms
 
 
