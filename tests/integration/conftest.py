@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from agents.sim.bundled import bundled_node
+from agents.standin.kubelet import Kubelet
 from tests.writers import write_atomic, write_in_place
 
 NODE = "h100-8gpu-8nic"
@@ -61,6 +62,15 @@ def plugin_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dp-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
+    """The kubelet stand-in on `plugin_dir`, started and stopped around the test."""
+    kubelet = Kubelet(plugin_dir, seed=7)
+    await kubelet.start()
+    yield kubelet
+    await kubelet.stop()
 
 
 @dataclass

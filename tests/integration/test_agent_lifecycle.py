@@ -71,14 +71,6 @@ async def running(
 
 
 @pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    kubelet = Kubelet(plugin_dir, seed=7)
-    await kubelet.start()
-    yield kubelet
-    await kubelet.stop()
-
-
-@pytest.fixture
 async def agent(node_file: Path, plugin_dir: Path) -> AsyncIterator[RunningAgent]:
     async with running(node_file, plugin_dir) as handle:
         yield handle

@@ -62,14 +62,6 @@ async def agent_on(node_file: Path, plugin_dir: Path, **options: Any) -> AsyncIt
         assert task.exception() is None
 
 
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    kubelet = Kubelet(plugin_dir, seed=7)
-    await kubelet.start()
-    yield kubelet
-    await kubelet.stop()
-
-
 # Waiting for the kubelet
 
 

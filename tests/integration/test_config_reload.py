@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agents.config import parse_config
 from agents.standin.kubelet import Kubelet
@@ -28,14 +26,6 @@ SHARED = (
 
 def replicas(n: int, name: str = GPU) -> str:
     return SHARED.format(name=name, n=n)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    kubelet = Kubelet(plugin_dir, seed=7)
-    await kubelet.start()
-    yield kubelet
-    await kubelet.stop()
 
 
 def run_args(node_file: Path, plugin_dir: Path, config: Path) -> list[str]:
