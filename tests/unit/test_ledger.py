@@ -263,9 +263,7 @@ def test_pod_resources_is_asked_again_only_when_the_container_may_have_changed()
     assert node.ledger.wants_listing(NIC)
 
 
-def test_pod_resources_is_asked_again_when_renames_read_together_leave_the_end_in_doubt() -> (
-    None
-):
+def test_pod_resources_is_asked_again_when_renames_read_together_leave_the_end_in_doubt() -> None:
     node = Node(ONE_TO_ONE)
     node.ledger.pod_resources(_listed(node, "a"))
     node.ask("a", GPU, 1)
