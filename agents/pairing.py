@@ -116,10 +116,14 @@ class Pairing:
             stopped.cancel()
 
     async def refresh(self, resource: str) -> None:
-        """Before a preferred answer of `resource`: who holds what now, by pod-resources."""
-        if not self.active or resource not in self.resources().values():
+        """Before a preferred answer of `resource`: who holds what now, by pod-resources,
+        unless the ledger still has what it listed for this container's first resource."""
+        kind = next((k for k, (name, _) in self._located.items() if name == resource), None)
+        if kind is None or not self.active:
             return
-        self.ledger.pod_resources(await self._pod_resources.list())
+        self.sync()  # an end-of-admission rename before this call ends the container
+        if self.ledger.wants_listing(kind):
+            self.ledger.pod_resources(await self._pod_resources.list())
 
     def side(self, kind: str) -> PairingSide:
         return PairingSide(self, kind)

@@ -96,6 +96,7 @@ class Ledger:
         self._file_readable = True
         self._registered: Mapping[str, frozenset[str]] | None = None
         self._listing: dict[tuple[str, str], Holding] | None = None
+        self._listed_at = -1  # allocations seen when pod-resources last answered
         self._own: list[Holding] = []  # closed containers, when the file cannot be read
         self._gone: set[tuple[str, str]] = set()  # containers seen ended, still listed
         self._reported: set[str] = set()
@@ -143,10 +144,25 @@ class Ledger:
             self._listing = None
             return
         kind_of = {name: kind for kind, name in self.resources.items()}
+        self._listed_at = self._allocations
         self._listing = {
             key: {kind_of[r]: frozenset(ids) for r, ids in by_resource.items() if r in kind_of}
             for key, by_resource in listing.items()
         }
+
+    def wants_listing(self, kind: str) -> bool:
+        """Whether pod-resources must be asked before choosing devices of `kind`. Not at
+        the second resource of the container under admission, when the listing taken for
+        its first resource is at hand: the kubelet admits one container at a time, so who
+        else holds what has not changed but for pods deleted since, and a deleted pod's
+        devices of `kind` are offered again, which ends it here too. Asked again whenever
+        an end of the container is in doubt."""
+        if self._listing is None or self._doubtful:
+            return True
+        other = OTHER[kind]
+        second = bool(self._open.devices[other]) and not self._open.devices[kind]
+        # Taken for the call that chose those devices: no allocation came in between.
+        return not (second and self._listed_at == self._open.at[other] - 1)
 
     # Calls
 

@@ -18,6 +18,7 @@ from agents.pairing import Pairing
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.sim.bundled import bundled_node
 from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, write_checkpoint
+from agents.standin.podresources import PodResourcesServer
 from hack.benchlib.nodes import sharing_config
 from tests.conditions import async_wait_until
 
@@ -101,3 +102,39 @@ async def test_update_writes_that_flip_health_back_do_not_end_the_container(
         stop.set()
         await task
         await pairing.close()
+
+
+async def test_pod_resources_is_asked_at_a_containers_first_resource_only(
+    tmp_path: Path,
+) -> None:
+    """Its answer cannot change within one container's admission but for deleted pods,
+    whose devices the kubelet offers again; at the next container it is asked anew."""
+    lister = PodResourcesServer(tmp_path / "pr.sock", lambda: [])
+    await lister.start()
+    checkpoint = CheckpointFile(tmp_path)
+    pairing = Pairing(checkpoint, PodResources(lister.socket_path))
+    gpus = {f"g{i}": _location(0x10 * (i + 1), 0) for i in range(4)}
+    nics = {f"n{i}": _location(0x10 * (i + 1), 1) for i in range(4)}
+    registered = {"nvidia.com/gpu": list(gpus), "rdma/roce": list(nics)}
+    write_checkpoint(checkpoint.path, checkpoint_data([], registered))
+    gpu, nic = pairing.side(GPU), pairing.side(NIC)
+    gpu.located("nvidia.com/gpu", gpus)
+    nic.located("rdma/roce", nics)
+    try:
+        assert pairing.start({"nvidia.com/gpu": "whole GPUs", "rdma/roce": "NICs"})
+        await pairing.refresh("nvidia.com/gpu")
+        assert lister.calls == 1
+        got = gpu.prefer(sorted(gpus), [], 1)
+        assert got is not None
+        gpu.allocated(got)
+        await pairing.refresh("rdma/roce")  # the same container's second resource
+        assert lister.calls == 1
+        assert nic.prefer(sorted(nics), [], 1) == [f"n{got[0][1:]}"]
+        held = [CheckpointEntry("a", "main", "nvidia.com/gpu", {0: got}, b"")]
+        write_checkpoint(checkpoint.path, checkpoint_data(held, registered))  # end of a
+        # The next container's first resource, the rename not yet taken in: asked anew.
+        await pairing.refresh("rdma/roce")
+        assert lister.calls == 2
+    finally:
+        await pairing.close()
+        await lister.stop()

@@ -242,3 +242,35 @@ def test_renames_read_together_end_the_container_when_another_pod_is_listed() ->
     node.flap()  # ... and two updates, all read together
     node.ledger.pod_resources(_listed(node, "b"))  # b's admission has begun
     assert set(node.ask("b", NIC, 1)) != ONE_TO_ONE[GPU][gpu[0]]
+
+
+def test_pod_resources_is_asked_again_only_when_the_container_may_have_changed() -> None:
+    node = Node(ONE_TO_ONE)
+    assert node.ledger.wants_listing(GPU)  # never listed
+    node.ledger.pod_resources(_listed(node, "a"))
+    assert node.ledger.wants_listing(GPU) and node.ledger.wants_listing(NIC)
+    node.ask("a", GPU, 1)
+    node.sync()
+    # a's second resource: the listing taken for its first still says who holds what.
+    assert not node.ledger.wants_listing(NIC)
+    assert node.ledger.wants_listing(GPU)  # the same resource again: not a's second
+    node.write()  # end of a
+    node.sync()
+    assert node.ledger.wants_listing(NIC)  # the next container's first resource
+    # b's first resource was chosen without asking us (no real choice): its listing is a's.
+    node.ask("b", GPU, 1)
+    node.sync()
+    assert node.ledger.wants_listing(NIC)
+
+
+def test_pod_resources_is_asked_again_when_renames_read_together_leave_the_end_in_doubt() -> None:
+    node = Node(ONE_TO_ONE)
+    node.ledger.pod_resources(_listed(node, "a"))
+    node.ask("a", GPU, 1)
+    node.write()  # end of a (GPU only) ...
+    node.flap()
+    node.flap()  # ... and two updates, all read together: a may have ended
+    node.sync()
+    assert node.ledger.wants_listing(NIC)
+    node.ledger.pod_resources(None)  # pod-resources stopped answering
+    assert node.ledger.wants_listing(NIC)
