@@ -97,6 +97,39 @@ def prefer(
     """The `size` devices with the best `score`; among those, the smallest sum of pair
     `costs` (which covers every available device), then the smallest sorted IDs.
     Once `expired`, the searches stop and the best choice found so far is returned."""
+    ask = frame(available, must_include, size, view)
+    if isinstance(ask, list):
+        return ask
+    fixed, pool, want, context = ask.fixed, ask.pool, ask.want, ask.context
+    by_kind: dict[Kind, list[str]] = {}
+    for d in pool:
+        by_kind.setdefault(ask.kind(d), []).append(d)
+    costs = costs or PairCosts.free(pool + fixed)
+    alike = _search_order(by_kind, fixed, costs, context)
+    return sorted([*fixed, *_choose(alike, fixed, want, costs, context, expired=expired)])
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One preferred-allocation request laid out for a search: the devices it must
+    include, those it may add, how many, and the score's context."""
+
+    fixed: list[str]
+    pool: list[str]
+    want: int
+    context: Context
+    masks: Mapping[str, int]
+    free: frozenset[str]
+
+    def kind(self, device: str) -> Kind:
+        """What the score sees of a device: its partners and whether it is free."""
+        return (self.masks.get(device, 0), device in self.free)
+
+
+def frame(
+    available: Sequence[str], must_include: Sequence[str], size: int, view: PairView
+) -> Frame | list[str]:
+    """The request as a Frame, or its answer where there is nothing to choose."""
     fixed = sorted(must_include)
     pool = sorted(set(available) - set(fixed))
     want = size - len(fixed)
@@ -110,12 +143,7 @@ def prefer(
         other_free=partners.mask(view.other_free),
         free_masks=Counter(masks.get(d, 0) for d in free),
     )
-    by_kind: dict[Kind, list[str]] = {}
-    for d in pool:
-        by_kind.setdefault((masks.get(d, 0), d in free), []).append(d)
-    costs = costs or PairCosts.free(pool + fixed)
-    alike = _search_order(by_kind, fixed, costs, context)
-    return sorted([*fixed, *_choose(alike, fixed, want, costs, context, expired=expired)])
+    return Frame(fixed, pool, want, context, masks, free)
 
 
 def _choose(

@@ -6,12 +6,11 @@ answers as `agents.core.pairing.prefer` does."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agents.core.pair_score import Context, Kind, Scoring, State
-from agents.core.pairing import PairView, Partners
+from agents.core.pairing import PairView, frame
 from agents.core.subsets import PairCosts
 
 
@@ -41,22 +40,13 @@ def enumerate_prefer(
 ) -> Enumerated:
     """`prefer`'s answer by enumeration, if there are at most `limit` ways to try."""
     started = time.thread_time()
-    fixed = sorted(must)
-    pool = sorted(set(available) - set(fixed))
-    want = size - len(fixed)
-    if want <= 0 or want >= len(pool):
-        return Enumerated(sorted([*fixed, *pool[: max(want, 0)]]), 1, 0.0)
-    partners = view.partners if isinstance(view.partners, Partners) else Partners(view.partners)
-    masks, free = partners.masks, view.this_free
-    context = Context(
-        fixed=tuple((masks.get(d, 0), d in free) for d in fixed),
-        container=partners.mask(view.container_other) if view.container_other else None,
-        other_free=partners.mask(view.other_free),
-        free_masks=Counter(masks.get(d, 0) for d in free),
-    )
+    ask = frame(available, must, size, view)
+    if isinstance(ask, list):
+        return Enumerated(ask, 1, 0.0)
+    fixed, want, context = ask.fixed, ask.want, ask.context
     by_class: dict[tuple[Kind, int], list[str]] = {}
-    for d in pool:
-        by_class.setdefault(((masks.get(d, 0), d in free), costs.twin(d)), []).append(d)
+    for d in ask.pool:
+        by_class.setdefault((ask.kind(d), costs.twin(d)), []).append(d)
     kinds = [kind for kind, _ in by_class]
     classes = list(by_class.values())
     caps = [len(c) for c in classes]
