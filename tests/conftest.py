@@ -1,1 +1,30 @@
-"""Shared fixtures."""
+"""Shared fixtures: a device-plugin directory and the kubelet stand-in on it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.standin.kubelet import Kubelet
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    """A fresh device-plugin directory with a short path: a unix socket path must fit
+    in 108 bytes, which pytest's tmp_path with long test names does not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="dp-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
+    """The kubelet stand-in on `plugin_dir`, started and stopped around the test."""
+    kubelet = Kubelet(plugin_dir, seed=7)
+    await kubelet.start()
+    yield kubelet
+    await kubelet.stop()

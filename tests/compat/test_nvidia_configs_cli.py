@@ -10,8 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +23,6 @@ CLI_SERVED = [c for c in SERVED if c.cli]
 CLI_REFUSED = [c for c in REFUSED if c.cli]
 START_WITHIN = 30.0  # a fresh interpreter on a loaded 2-core machine
 EXIT_WITHIN = 30.0
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    """A device-plugin directory with a short path (unix socket paths are short)."""
-    path = Path(tempfile.mkdtemp(prefix="dp-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    kubelet = Kubelet(plugin_dir, seed=3)
-    await kubelet.start()
-    yield kubelet
-    await kubelet.stop()
 
 
 def agent_command(case: Case, plugin_dir: Path, node: Path) -> list[str]:

@@ -7,9 +7,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ import pytest
 import yaml
 
 from agents.sim.bundled import bundled_node
-from agents.standin.kubelet import Kubelet
 from tests.writers import write_atomic, write_in_place
 
 NODE = "h100-8gpu-8nic"
@@ -53,24 +51,6 @@ def edit_node(node_file: Path) -> Callable[..., None]:
         (write_atomic if atomic else write_in_place)(node_file, text)
 
     return edit
-
-
-@pytest.fixture
-def plugin_dir() -> Iterator[Path]:
-    """A fresh device-plugin directory with a short path: a unix socket path must fit
-    in 108 bytes, which pytest's tmp_path with long test names does not leave room for."""
-    path = Path(tempfile.mkdtemp(prefix="dp-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def kubelet(plugin_dir: Path) -> AsyncIterator[Kubelet]:
-    """The kubelet stand-in on `plugin_dir`, started and stopped around the test."""
-    kubelet = Kubelet(plugin_dir, seed=7)
-    await kubelet.start()
-    yield kubelet
-    await kubelet.stop()
 
 
 @dataclass
