@@ -66,7 +66,6 @@ class DevicePluginServer:
         self._server: Any = None
         self._closing = asyncio.Event()
         self._streams = 0
-        self._kubelet_streams = 0
         self._expecting_kubelet = False
         self._swapped = asyncio.Event()
         self._frozen: asyncio.Event | None = None  # streams of this serving send no more
@@ -79,11 +78,6 @@ class DevicePluginServer:
     @property
     def open_streams(self) -> int:
         return self._streams
-
-    @property
-    def kubelet_streams(self) -> int:
-        """Open streams taken to be the kubelet's (at most one unless it re-registered)."""
-        return self._kubelet_streams
 
     @property
     def frozen(self) -> bool:
@@ -175,7 +169,6 @@ class DevicePluginServer:
         closing = self._closing
         kubelet, self._expecting_kubelet = self._expecting_kubelet, False
         self._streams += 1
-        self._kubelet_streams += kubelet
         inventory, sent = self.resource.inventory, -1
         try:
             while not closing.is_set():
@@ -200,7 +193,6 @@ class DevicePluginServer:
             raise
         finally:
             self._streams -= 1
-            self._kubelet_streams -= kubelet
 
     async def observed(self, method: str, call: Callable[[], Awaitable[T]], context: Any) -> T:
         """Run one unary RPC: map AllocationError to its status, never let others escape."""
