@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import structlog.testing
 
 from agents.errors import BackendError
 from agents.hw.netlink import LinkState, NetlinkMonitor
-from tests.conditions import async_wait_until
+from tests.conditions import async_wait_until, wait_until
 
 pytestmark = [
     pytest.mark.netns,
@@ -30,8 +31,13 @@ pytestmark = [
 CHANGE_DEADLINE_S = 10.0
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
+def _ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+def _operstate(netns: str, ifname: str) -> str:
+    [link] = json.loads(_ip("-j", "-n", netns, "link", "show", ifname))
+    return str(link["operstate"])
 
 
 @pytest.fixture
@@ -43,6 +49,12 @@ def netns() -> Iterator[str]:
         _ip("-n", name, "link", "add", "va", "type", "veth", "peer", "name", "vb")
         _ip("-n", name, "link", "set", "va", "up")
         _ip("-n", name, "link", "set", "vb", "up")
+        # The kernel turns a veth's operstate UP from a deferred work item, up to a second
+        # later; a test starts from the state it assumes, not from a half-made pair.
+        wait_until(
+            lambda: _operstate(name, "va") == "UP" and _operstate(name, "vb") == "UP",
+            what="veth pair operstate UP",
+        )
         yield name
     finally:
         _ip("netns", "del", name)
@@ -77,6 +89,7 @@ async def _change_and_wait(
     Returns the milliseconds from the `ip` call to the state change; fails the test past
     CHANGE_DEADLINE_S or when next_change never reported True.
     """
+    assert mon.state(ifname) is not want, f"{ifname} is already {want} before ip {cmd}"
     started = time.monotonic()
     deadline = started + CHANGE_DEADLINE_S
     ip = asyncio.create_task(_ip_async("-n", netns, *cmd))
