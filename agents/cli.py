@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -211,10 +212,20 @@ async def _serve(
             pod_resources_socket=opts.pod_resources_socket,
         )
         agent.start()
+        _freeze_heap()
         log.info("agent_started", plugin_dir=str(plugin_dir), families=list(families))
         await _until_stopped(agent, stop, hup, opts.config)
     log.info("agent_stopped")
     return EXIT_OK
+
+
+def _freeze_heap() -> None:
+    """Keep what start-up built (modules, gRPC, config, devices) out of the collector's
+    reach: it lives as long as the process, and a full collection that walks it stops
+    the event loop for about 10 ms, an RPC answer with it, where a collection of what
+    was made since costs well under 1 ms."""
+    gc.collect()
+    gc.freeze()
 
 
 async def _until_stopped(
