@@ -81,18 +81,18 @@ class PodResources:
         self.socket = socket
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None
+        self._stub: pr_grpc.PodResourcesListerStub | None = None
         self._warned = False
 
     async def list(self) -> Listing | None:
         if self.socket is None:
             self._warn("no pod-resources socket configured")
             return None
-        if self._channel is None:
+        if self._stub is None:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
+            self._stub = pr_grpc.PodResourcesListerStub(self._channel)
         try:
-            answer = await pr_grpc.PodResourcesListerStub(self._channel).List(
-                pr.ListPodResourcesRequest(), timeout=self._timeout
-            )
+            answer = await self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             self._warn(f"{exc.code().name}: {exc.details()}")
             return None
@@ -112,7 +112,7 @@ class PodResources:
             )
 
     async def close(self) -> None:
-        channel, self._channel = self._channel, None
+        channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close()
 
