@@ -8,10 +8,12 @@ machine of its own, whatever else competes for the CPUs while the bench runs."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +188,21 @@ def _pod_resources(socket: Path, workload: Workload) -> Any:
     return server
 
 
+@contextlib.contextmanager
+def _no_collector_pauses() -> Iterator[None]:
+    """This process stands for the kubelet (its client and its pod-resources server),
+    whose collector runs beside it; a full collection of the bench's own heap here
+    (about 10 ms) would be charged to the agent's answer. The workload makes few cycles."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float]]:
     """Round trips over the agent's sockets while a workload fills and empties the node:
     every answer is allocated, and after each container the checkpoint is renamed into
@@ -201,7 +218,11 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
     ms: dict[str, list[float]] = {GPU: [], NIC: [], FLOOR: []}
     try:
         agent.wait_serving([GPU, NIC])
-        with Client(agent.socket(GPU)) as gpu, Client(agent.socket(NIC)) as nic:
+        with (
+            Client(agent.socket(GPU)) as gpu,
+            Client(agent.socket(NIC)) as nic,
+            _no_collector_pauses(),
+        ):
             clients = {GPU: gpu, NIC: nic}
             for resource, client in clients.items():
                 if sorted(client.devices()) != model.devices[resource]:
