@@ -41,6 +41,9 @@ TARGET_MAX_MS = 10.0
 WARMUP = 20
 ENUMERATION_LIMIT = 100_000  # count vectors; past it the enumeration is not run
 FLOOR = "floor"
+# Shapes timed a second time with nothing answering on the pod-resources socket: the
+# round trip without the query that pairing asks before a container's first resource.
+WITHOUT_POD_RESOURCES = ("(8 GPUs, 8 NICs)", "(16 GPUs, 16 NICs)")
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ def _enumerate(model: Model, ask: Ask, best: list[str], out: Pure) -> None:
 
 
 class _Agent(AgentProcess):
-    """The agent, asking pod-resources on a socket of the bench's own."""
+    """The agent, asking pod-resources on a socket of the bench's own (or on one where
+    nothing listens: the agent then pairs from the checkpoint alone)."""
 
     def __init__(self, work: Path, node: Path, config: Any, pod_resources: Path) -> None:
         super().__init__(work, node, config=config)
@@ -203,17 +207,21 @@ def _no_collector_pauses() -> Iterator[None]:
         gc.unfreeze()
 
 
-def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float]]:
+def rpc(
+    work: Path, shape: Shape, calls: int, seed: int, *, pod_resources: bool = True
+) -> dict[str, list[float]]:
     """Round trips over the agent's sockets while a workload fills and empties the node:
     every answer is allocated, and after each container the checkpoint is renamed into
     place in the kubelet's own format and pod-resources answers what the kubelet would,
-    as on a real node. After each call, an empty GetDevicePluginOptions is timed too
-    (`FLOOR`): what any round trip costs meanwhile."""
+    as on a real node (unless `pod_resources` is False: then nothing listens on the
+    agent's pod-resources socket). After each call, an empty GetDevicePluginOptions is
+    timed too (`FLOOR`): what any round trip costs meanwhile."""
     model = Model(shape.doc, replicas=replicas_of(shape.config))
     node = write_yaml(work / "node.yaml", dict(shape.doc))
     workload = Workload(model.devices, random.Random(seed), big=biggest(model))
-    lister = _pod_resources(work / "pod-resources.sock", workload)
-    agent = _Agent(work, node, shape.config, work / "pod-resources.sock")
+    socket = work / ("pod-resources.sock" if pod_resources else "nothing-listens.sock")
+    lister = _pod_resources(socket, workload) if pod_resources else None
+    agent = _Agent(work, node, shape.config, socket)
     agent.start()
     ms: dict[str, list[float]] = {GPU: [], NIC: [], FLOOR: []}
     try:
@@ -257,7 +265,8 @@ def rpc(work: Path, shape: Shape, calls: int, seed: int) -> dict[str, list[float
                     break
     finally:
         agent.stop()
-        lister.stop(None)
+        if lister is not None:
+            lister.stop(None)
     return ms
 
 
@@ -294,6 +303,16 @@ def busy_figures(root: Path, calls: int, enumerated: int, seed: int = 1) -> list
         figures += _spread(
             f"GetDevicePluginOptions (empty) busy {shape.label} RPC", by_rpc[FLOOR], None
         )
+        if shape.label in WITHOUT_POD_RESOURCES:
+            (root / f"busy-{n}-alone").mkdir()
+            alone = rpc(root / f"busy-{n}-alone", shape, calls, seed, pod_resources=False)
+            for resource in (GPU, NIC):
+                figures += _spread(
+                    f"GetPreferredAllocation busy {shape.label} {resource} RPC, "
+                    "agent without pod-resources",
+                    alone[resource],
+                    None,
+                )
     return figures
 
 
