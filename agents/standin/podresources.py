@@ -49,7 +49,12 @@ class PodResourcesServer:
 
     def answer(self) -> pr.ListPodResourcesResponse:
         self.calls += 1
-        return pr.ListPodResourcesResponse(pod_resources=[_pod(p) for p in self._listed()])
+        return listing_response(self._listed())
+
+
+def listing_response(pods: Iterable[PodAllocation]) -> pr.ListPodResourcesResponse:
+    """What List answers when these pods are known, each container with its devices."""
+    return pr.ListPodResourcesResponse(pod_resources=[_pod(p) for p in pods])
 
 
 def _pod(pod: PodAllocation) -> pr.PodResources:

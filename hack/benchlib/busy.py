@@ -21,15 +21,16 @@ from typing import Any
 
 import grpc
 
-from agents.api import podresources_pb2 as pr
 from agents.api import podresources_pb2_grpc as pr_grpc
 from agents.core import budget, pairing
+from agents.standin.admission import AllocatedContainer, PodAllocation
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointEntry,
     checkpoint_data,
     write_checkpoint,
 )
+from agents.standin.podresources import listing_response
 from hack.benchlib.agent import GPU, NIC, AgentProcess, Client, percentile
 from hack.benchlib.enumeration import enumerate_prefer
 from hack.benchlib.figures import Figure, below, info
@@ -163,23 +164,9 @@ class _Lister(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         self._pods = pods
 
     def List(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC name)
-        return pr.ListPodResourcesResponse(
-            pod_resources=[
-                pr.PodResources(
-                    name=name,
-                    namespace="default",
-                    containers=[
-                        pr.ContainerResources(
-                            name="c",
-                            devices=[
-                                pr.ContainerDevices(resource_name=r, device_ids=sorted(ids))
-                                for r, ids in got.items()
-                            ],
-                        )
-                    ],
-                )
-                for name, got in list(self._pods().items())
-            ]
+        return listing_response(
+            PodAllocation(name, {"c": AllocatedContainer("c", dict(got))})
+            for name, got in list(self._pods().items())
         )
 
 
