@@ -97,7 +97,7 @@ class NvmlBackend:
         if self._inits == 0:
             raise BackendError("NVML status: not initialised")
         try:
-            handle = self._lib.nvmlDeviceGetHandleByUUID(uuid)
+            handle = self._handle(uuid)
             self._lib.nvmlDeviceGetMemoryInfo(handle)  # touches the GPU: fails when it is lost
         except ODD_ANSWERS as exc:
             return self._failed_status(uuid, exc)
@@ -105,6 +105,12 @@ class NvmlBackend:
             self._lost.discard(uuid)
             self._stale_events = True  # a reset GPU needs its events registered again
         return GpuStatus(lost=False, xids=self._ecc_xids(uuid, handle))
+
+    def _handle(self, uuid: str) -> Any:
+        """The handle listed for this GPU: a lookup by UUID searches the GPUs in turn and
+        answers GPU_IS_LOST when any of them fell off the bus, not only this one."""
+        handle = self._reader.handles.get(uuid)
+        return handle if handle is not None else self._lib.nvmlDeviceGetHandleByUUID(uuid)
 
     def _failed_status(self, uuid: str, exc: BaseException) -> GpuStatus:
         failure = code(exc)

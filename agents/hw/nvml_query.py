@@ -40,6 +40,7 @@ class GpuReader:
     def __init__(self, lib: Any) -> None:
         self._lib = lib
         self._warned: set[tuple[int, str]] = set()
+        self.handles: dict[str, Any] = {}  # UUID -> the handle NVML gave for its index
 
     def info(self, index: int) -> GpuInfo | None:
         """The GPU at `index`, or None (with a warning) when NVML gives no UUID for it."""
@@ -53,6 +54,7 @@ class GpuReader:
         if not uuid:
             log.warning("gpu_without_uuid", index=index, error="empty", effect="left out")
             return None
+        self.handles[uuid] = handle
         memory = self._read(
             index, "memory", 0, lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         )

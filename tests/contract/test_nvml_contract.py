@@ -1,9 +1,11 @@
 """The same checks against every Nvml: the simulated one always, the real one where a GPU
-and its driver are present, or NVIDIA's mock libnvidia-ml (test_mock_contract.py runs
-this module once per mock profile, with NVML_CONTRACT_REQUIRED=1: no skipping there)."""
+and its driver are present, or an NVML library the tests load (test_real_contract.py runs
+this module once per GPU profile and MIG layout, with NVML_CONTRACT_REQUIRED=1: no
+skipping there)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections.abc import Iterator
@@ -17,23 +19,34 @@ from agents.sim.node import load_node
 from agents.sim.nvml import SimNvml
 
 NVML_BUS_ID = re.compile(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]")
+MIG_PROFILE = re.compile(r"(\d+c\.)?\d+g\.\d+gb")
+
+
+def _nvml_loadable() -> bool:
+    """Whether this process can load a libnvidia-ml (a GPU node's driver, or the test
+    library that test_real_contract.py puts on LD_LIBRARY_PATH)."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+# The real backend runs here only where a library is loadable: elsewhere (CI) the same
+# checks run in test_real_contract.py's subprocesses, each over the test library.
+BACKENDS = ["simulated"]
+if _nvml_loadable() or os.environ.get("NVML_CONTRACT_REQUIRED") == "1":
+    BACKENDS.append("real")
 
 
 def _real() -> Nvml:
-    try:
-        from agents.hw.nvml_backend import NvmlBackend
-    except ImportError as exc:
-        pytest.skip(f"no real NVML backend in this build: {exc}")
+    from agents.hw.nvml_backend import NvmlBackend
+
     backend = NvmlBackend()
     try:
         backend.init()
     except BackendError as exc:
-        if os.environ.get("NVML_CONTRACT_REQUIRED") == "1":
-            pytest.fail(f"NVML must initialise here: {exc}")
-        pytest.skip(
-            f"no GPU or driver in this process ({exc}); test_mock_contract.py runs these"
-            " checks on the real backend over the mock library, every profile"
-        )
+        pytest.fail(f"NVML must initialise here: {exc}")
     return backend
 
 
@@ -43,7 +56,7 @@ def _sim() -> Nvml:
     return nvml
 
 
-@pytest.fixture(params=["simulated", pytest.param("real", marks=pytest.mark.hardware)])
+@pytest.fixture(params=BACKENDS)
 def nvml(request: pytest.FixtureRequest) -> Iterator[Nvml]:
     backend = _sim() if request.param == "simulated" else _real()
     yield backend
@@ -78,6 +91,9 @@ def _check_gpu(gpu: GpuInfo) -> None:
     assert gpu.nvswitch_links >= 0
     if gpu.mig_enabled:
         assert all(m.uuid.startswith("MIG-") for m in gpu.mig_instances)
+        assert all(MIG_PROFILE.fullmatch(m.profile) for m in gpu.mig_instances)
+        assert len({m.uuid for m in gpu.mig_instances}) == len(gpu.mig_instances)
+        assert len({m.gpu_instance for m in gpu.mig_instances}) == len(gpu.mig_instances)
     else:
         assert gpu.mig_instances == ()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from agents.sim.node import GpuSpec, NodeSpec
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
 PROFILE_DIR = SHARED / "mocknvml" / "profiles"
@@ -46,6 +47,7 @@ _GI_IDS = {7: [0], 4: [1], 3: [1, 2], 2: [3, 4, 5], 1: list(range(7, 15))}
 
 @dataclass
 class Mig:
+    profile: str  # the name the driver gives its GPU-instance profile, e.g. 1g.10gb
     uuid: str
     gi: int
     ci: int
@@ -119,9 +121,8 @@ class NvmlNode:
     def _event(self, index: int, kind: int, data: int, gi: int | None, ci: int | None) -> None:
         next_id = max((e.id for e in self.events), default=0) + 1
         none = 0xFFFFFFFF
-        self.events.append(
-            Event(next_id, index, kind, data, none if gi is None else gi, none if ci is None else ci)
-        )
+        gi_id, ci_id = none if gi is None else gi, none if ci is None else ci
+        self.events.append(Event(next_id, index, kind, data, gi_id, ci_id))
 
     # ---- MIG ----
 
@@ -138,6 +139,7 @@ class NvmlNode:
             taken.add(gi)
             gpu.migs.append(
                 Mig(
+                    profile=profile,
                     uuid=f"MIG-{uuidlib.uuid5(uuidlib.NAMESPACE_OID, f'{gpu.uuid}/{slot}')}",
                     gi=gi,
                     ci=0,

@@ -1,7 +1,8 @@
-"""The real NVML backend (pynvml over ctypes, no --simulate) on NVIDIA's mock
-libnvidia-ml, on every GPU profile: it starts, advertises every GPU by UUID, answers
-Allocate, and turns exactly the GPU that the mock fails Unhealthy while it keeps serving;
-SIGTERM exits 0. Whole GPUs and time-shared replicas."""
+"""The real NVML backend (pynvml over ctypes, no --simulate) in a subprocess over an NVML
+library, on every GPU profile: it starts, advertises every GPU by UUID, answers Allocate,
+and turns exactly the GPU that NVML shows failed Unhealthy while it keeps serving; SIGTERM
+exits 0. Whole GPUs and time-shared replicas. The library is the project's own
+(tests/nvml), and NVIDIA's mock as well where MOCK_NVML_DIR is given by hand."""
 
 from __future__ import annotations
 
@@ -17,23 +18,21 @@ import pytest
 
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.standin.kubelet import Container, Kubelet, Pod
-from tests.integration.mocknvml import (
+from tests.nvml.harness import (
+    LIBRARIES,
+    MOCK_TTL_S,
     NVSWITCH_PROFILES,
-    OVERRIDES_TTL_S,
     PROFILES,
-    REPO,
-    MockAgent,
-    mock_env,
+    AgentProcess,
+    Lab,
     profile_numa,
-    profile_uuids,
-    require_mock,
-    start_mock_agent,
-    write_overrides,
+    start_agent,
 )
+from tests.nvml.state import REPO
 
 GPU = "nvidia.com/gpu"
 START_WAIT = 30.0  # a subprocess start on a loaded 2-core machine
-FAULT_SEEN_WITHIN = 2.0  # after the mock shows the fault (it re-reads overrides every TTL)
+FAULT_SEEN_WITHIN = 2.0  # after the library shows the fault
 FAULTS = {1: "fallen_off_bus", 2: "ecc_uncorrectable", 3: "lost"}  # NVML index -> mode
 SIGTERM_WITHIN = 5.0
 
@@ -41,11 +40,13 @@ SIGTERM_WITHIN = 5.0
 @dataclass
 class Run:
     kubelet: Kubelet
-    agent: MockAgent
-    overrides: Path
-    uuids: list[str]
+    agent: AgentProcess
+    lab: Lab
     replicas: int
-    profile: str
+
+    @property
+    def uuids(self) -> list[str]:
+        return self.lab.uuids
 
     def ids(self, indices: Iterable[int] | None = None) -> set[str]:
         """Device IDs of the GPUs at these NVML indices (all GPUs by default)."""
@@ -69,12 +70,16 @@ def replicas(request: pytest.FixtureRequest) -> int:
     return int(request.param)
 
 
+@pytest.fixture(params=LIBRARIES)
+def library(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(params=PROFILES)
 async def run(
-    request: pytest.FixtureRequest, replicas: int, tmp_path: Path, plugin_dir: Path
+    request: pytest.FixtureRequest, library: str, replicas: int, tmp_path: Path, plugin_dir: Path
 ) -> AsyncIterator[Run]:
-    require_mock()
-    profile = str(request.param)
+    lab = Lab(library, str(request.param), tmp_path)
     kubelet = Kubelet(plugin_dir, seed=5)
     await kubelet.start()
     args: list[str] = []
@@ -84,19 +89,16 @@ async def run(
             f"sharing: {{timeSlicing: {{resources: [{{name: {GPU}, replicas: {replicas}}}]}}}}\n"
         )
         args = ["--config", str(config)]
-    overrides = tmp_path / "overrides.yaml"
-    agent = start_mock_agent(profile, plugin_dir, overrides, tmp_path / "agent.stderr", *args)
+    agent = start_agent(lab, plugin_dir, tmp_path / "agent.stderr", *args)
     try:
-        yield Run(kubelet, agent, overrides, profile_uuids(profile), replicas, profile)
+        yield Run(kubelet, agent, lab, replicas)
     finally:
-        if agent.alive():
-            agent.process.kill()
-        agent.process.wait(10)
+        agent.stop()
         await kubelet.stop()
         print(agent.stderr[-3000:])
 
 
-async def test_real_backend_on_mock_nvml_serves_and_reports_each_injected_fault(
+async def test_real_backend_serves_and_reports_each_injected_fault(
     run: Run, request: pytest.FixtureRequest
 ) -> None:
     all_ids = run.ids()
@@ -112,15 +114,13 @@ async def test_real_backend_on_mock_nvml_serves_and_reports_each_injected_fault(
     await run.kubelet.release("two")
 
     seen: dict[str, float] = {}
-    failing: dict[int, str] = {}
     for index, mode in FAULTS.items():
-        failing[index] = mode
-        write_overrides(run.overrides, failing)
+        run.lab.fail(index, mode)
         began = time.monotonic()
-        want = run.ids(list(failing))
+        want = run.ids(list(run.lab.failing))
         await run.kubelet.wait_until(lambda _k, want=want: run.unhealthy() == want, 10)
         seen[mode] = time.monotonic() - began
-        assert seen[mode] < OVERRIDES_TTL_S + FAULT_SEEN_WITHIN, (mode, seen[mode])
+        assert seen[mode] < MOCK_TTL_S + FAULT_SEEN_WITHIN, (mode, seen[mode])
         assert run.agent.alive()
 
     # Still serving: a GPU that no fault touched is allocated.
@@ -132,25 +132,31 @@ async def test_real_backend_on_mock_nvml_serves_and_reports_each_injected_fault(
     assert "Traceback" not in run.agent.stderr
     figures = " ".join(f"{m}={s:.2f}s" for m, s in seen.items())
     print(
-        f"MOCKNVML {request.node.callspec.id} gpus={len(run.uuids)} "
+        f"REALNVML {request.node.callspec.id} gpus={len(run.uuids)} "
         f"registered={registered:.2f}s {figures} sigterm={took:.2f}s"
     )
 
 
 @pytest.mark.parametrize("mode", ["fallen_off_bus", "lost", "ecc_uncorrectable"])
-async def test_a_gpu_failed_before_start_is_advertised_and_only_it_unhealthy(
-    mode: str, tmp_path: Path, plugin_dir: Path
+async def test_a_gpu_failed_before_start_leaves_the_others_healthy(
+    mode: str, library: str, tmp_path: Path, plugin_dir: Path
 ) -> None:
-    require_mock()
-    uuids = profile_uuids("h100")
+    lab = Lab(library, "h100", tmp_path)
+    lab.fail(2, mode)
+    uuids = lab.uuids
     kubelet = Kubelet(plugin_dir, seed=5)
     await kubelet.start()
-    agent = start_mock_agent(
-        "h100", plugin_dir, tmp_path / "o.yaml", tmp_path / "a.stderr", failing={2: mode}
-    )
+    agent = start_agent(lab, plugin_dir, tmp_path / "a.stderr")
     try:
-        # An ECC count already there at start is no news: only one that grows is.
-        want = {u: "Healthy" for u in uuids} | {uuids[2]: _at_start(mode)}
+        want = {u: "Healthy" for u in uuids}
+        if mode == "ecc_uncorrectable":
+            pass  # an ECC count already there at start is no news: only one that grows is
+        elif library == "own":
+            # NVML gives no handle for a GPU that fell off the bus (GPU_IS_LOST from
+            # nvmlDeviceGetHandleByIndex): it cannot be listed at all.
+            del want[uuids[2]]
+        else:
+            want[uuids[2]] = "Unhealthy"  # NVIDIA's mock still hands out its handle
 
         def as_wanted(k: Kubelet) -> bool:
             view = k.resource(GPU)
@@ -159,32 +165,26 @@ async def test_a_gpu_failed_before_start_is_advertised_and_only_it_unhealthy(
         await kubelet.wait_until(as_wanted, START_WAIT)
         assert agent.terminate(SIGTERM_WITHIN)[0] == 0
     finally:
-        if agent.alive():
-            agent.process.kill()
-        agent.process.wait(10)
+        agent.stop()
         await kubelet.stop()
-
-
-def _at_start(mode: str) -> str:
-    return "Healthy" if mode == "ecc_uncorrectable" else "Unhealthy"
 
 
 def _check_numa(run: Run) -> None:
     """Each GPU reports the NUMA node that sysfs has for its PCI address, or none."""
     view = run.kubelet.resource(GPU)
     assert view is not None
-    numa = profile_numa(run.profile)
+    numa = profile_numa(run.lab.profile)
     assert {d: s.numa for d, s in view.devices.items()} == {
         d: numa[d.split("::")[0]] for d in view.devices
     }
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_topo_on_mock_nvml_shows_the_nvlink_fabric(profile: str, tmp_path: Path) -> None:
-    require_mock()
+def test_topo_shows_the_nvlink_fabric(profile: str, library: str, tmp_path: Path) -> None:
+    lab = Lab(library, profile, tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "agents.cli", "topo", "--json"],
-        env=mock_env(profile, tmp_path / "none.yaml"),
+        env=lab.env(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -192,8 +192,7 @@ def test_topo_on_mock_nvml_shows_the_nvlink_fabric(profile: str, tmp_path: Path)
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    uuids = profile_uuids(profile)
-    assert [g["uuid"] for g in report["gpus"]] == uuids
+    assert [g["uuid"] for g in report["gpus"]] == lab.uuids
     gpu_names = [g["name"] for g in report["gpus"]]
     cells = {report["matrix"][a][b] for a in gpu_names for b in gpu_names if a != b}
     if profile in NVSWITCH_PROFILES:
@@ -202,14 +201,14 @@ def test_topo_on_mock_nvml_shows_the_nvlink_fabric(profile: str, tmp_path: Path)
         assert not any(c.startswith("NV") for c in cells), cells
 
 
-def test_real_gpu_smoke_script_waits_for_the_first_device_list_on_mock_nvml(
-    tmp_path: Path,
+def test_real_gpu_smoke_script_waits_for_the_first_device_list(
+    library: str, tmp_path: Path
 ) -> None:
-    require_mock()
+    lab = Lab(library, "h100", tmp_path)
     done = subprocess.run(
         [sys.executable, str(REPO / "hack" / "real_gpu.py")],
         cwd=REPO,
-        env=mock_env("h100", tmp_path / "none.yaml"),
+        env=lab.env(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,0 +1,157 @@
+"""The real NVML backend in a subprocess over a libnvidia-ml that tests control: the
+project's own (tests/nvml, always) and, for a check by hand, NVIDIA's mock library where
+MOCK_NVML_DIR names a directory holding it (never in CI: it is another project's binary).
+
+A `Lab` is one node for one test: its faults are set through `fail()` and reach the
+library while the agent runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.nvml import state
+from tests.nvml.library import nvml_env
+from tests.nvml.state import NvmlNode
+
+MOCK_DIR = Path(os.environ["MOCK_NVML_DIR"]) if os.environ.get("MOCK_NVML_DIR") else None
+# The libraries the suites run on: ours always; NVIDIA's mock only when asked for by hand.
+LIBRARIES = ("own", "nvidia-mock") if MOCK_DIR is not None else ("own",)
+PROFILES = state.PROFILES
+NVSWITCH_PROFILES = frozenset({"a100", "gb200", "gb300", "h100"})
+FAULT_MODES = ("fallen_off_bus", "lost", "ecc_uncorrectable")  # what both libraries model
+MOCK_TTL_S = 0.1  # how often NVIDIA's mock re-reads its overrides file
+
+
+class Lab:
+    """One node on one library; `failing` maps NVML index -> fault mode."""
+
+    def __init__(self, library: str, profile: str, tmp: Path, node: NvmlNode | None = None):
+        self.library = library
+        self.profile = profile
+        self.node = node if node is not None else state.from_profile(profile)
+        self.path = tmp / f"nvml-{library}.state"
+        self.failing: dict[int, str] = {}
+        self.apply()
+
+    @property
+    def uuids(self) -> list[str]:
+        return [g.uuid for g in self.node.gpus]
+
+    def env(self) -> dict[str, str]:
+        if self.library == "own":
+            return nvml_env(self.path)
+        assert MOCK_DIR is not None
+        return {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(MOCK_DIR),
+            "MOCK_NVML_CONFIG": str(state.profile_path(self.profile)),
+            "MOCK_NVML_OVERRIDES": str(self.path),
+            "MOCK_NVML_OVERRIDES_TTL": f"{int(MOCK_TTL_S * 1000)}ms",
+        }
+
+    def fail(self, index: int, mode: str) -> None:
+        """Fault GPU `index` as NVML shows it: fallen_off_bus (XID 79, then GPU_IS_LOST),
+        lost (GPU_IS_LOST), ecc_uncorrectable (the uncorrected count grows); on our own
+        library also NotSupported / NoPermission / Unknown answers and hang."""
+        self.failing[index] = mode
+        if self.library == "own":
+            _own_fault(self.node, index, mode)
+        self.apply()
+
+    def reset(self, index: int) -> None:
+        self.failing.pop(index, None)
+        self.node.reset(index)
+        self.apply()
+
+    def apply(self) -> None:
+        if self.library == "own":
+            self.node.write(self.path)
+            return
+        devices: dict[str, object] = {}
+        for index, mode in self.failing.items():
+            failure: dict[str, object] = {"mode": mode}
+            if mode == "fallen_off_bus":
+                failure["xid"] = {"code": 79}
+            devices[str(index)] = {"failure": failure}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(yaml.safe_dump({"devices": devices}))
+        tmp.replace(self.path)
+
+
+def _own_fault(node: NvmlNode, index: int, mode: str) -> None:
+    gpu = node.gpus[index]
+    if mode == "fallen_off_bus":
+        node.fall_off_bus(index)
+    elif mode == "lost":
+        gpu.lost = True
+    elif mode == "ecc_uncorrectable":
+        node.ecc_uncorrectable(index)
+    elif mode == "hang":
+        gpu.hang_ms = state.HANG_FOREVER_MS
+    elif mode in state.ERRORS:
+        gpu.error = state.ERRORS[mode]
+    else:
+        raise ValueError(f"unknown fault mode {mode}")
+
+
+@dataclass
+class AgentProcess:
+    process: subprocess.Popen[bytes]
+    started: float
+    stderr_path: Path
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def terminate(self, within: float) -> tuple[int, float]:
+        """SIGTERM; (exit code, seconds it took)."""
+        began = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(within)
+        return code, time.monotonic() - began
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.kill()
+        self.process.wait(10)
+
+
+def start_agent(lab: Lab, plugin_dir: Path, stderr_path: Path, *args: str) -> AgentProcess:
+    """`node-agent run --families gpu` on the real NVML backend over the lab's library."""
+    started = time.monotonic()
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
+                *("--device-plugin-dir", str(plugin_dir), *args),
+            ],
+            env=lab.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    return AgentProcess(process, started, stderr_path)
+
+
+def profile_numa(profile: str) -> dict[str, tuple[int, ...]]:
+    """Per GPU UUID, the NUMA node this machine's sysfs has for the profile's PCI address:
+    () where there is no such device here (neither library models sysfs)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for gpu in state.from_profile(profile).gpus:
+        domain, rest = gpu.bus.split(":", 1)
+        numa_file = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node")
+        numa = int(numa_file.read_text()) if numa_file.exists() else -1
+        out[gpu.uuid] = (numa,) if numa >= 0 else ()
+    return out
