@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Smoke-test the agent on a real GPU node: the real NVML (and RDMA, where present) against
-the in-process kubelet stand-in in a temporary device-plugin directory. Also runs on NVIDIA's
-mock libnvidia-ml (LD_LIBRARY_PATH and MOCK_NVML_CONFIG as in ../shared/mocknvml/README.md).
+the in-process kubelet stand-in in a temporary device-plugin directory. Also runs on the
+NVML library of the tests (LD_LIBRARY_PATH and NODE_AGENT_NVML_STATE, see tests/nvml).
 
 Prints what was advertised, admits one pod asking for one GPU, prints the Allocate answer
 and stops. Exits 0 on success, 1 with a one-line reason otherwise (e.g. no NVML here).
