@@ -62,7 +62,13 @@ class SimNvml:
         for gpu in node.gpus:
             _hang(gpu)
         by_uuid = {g.uuid: g for g in node.gpus}
-        return [_info(i, g, by_uuid, node.nvswitch) for i, g in enumerate(node.gpus)]
+        # NVML gives no handle for a GPU that is off the bus (GPU_IS_LOST from
+        # nvmlDeviceGetHandleByIndex): such a GPU cannot be listed, as on a real node.
+        return [
+            _info(i, g, by_uuid, node.nvswitch)
+            for i, g in enumerate(node.gpus)
+            if not (g.lost or g.nvml_error == "GpuIsLost")
+        ]
 
     def status(self, uuid: str) -> GpuStatus:
         self._require_init()

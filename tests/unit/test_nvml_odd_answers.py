@@ -183,8 +183,16 @@ def test_status_says_what_failed_and_never_raises_for_a_listed_gpu(
 def test_a_listed_gpu_nvml_no_longer_finds_is_lost(lib: FakeLib) -> None:
     backend = _backend(lib)
     backend.gpus()
-    lib.fail["nvmlDeviceGetHandleByUUID"] = pynvml.NVML_ERROR_NOT_FOUND
+    lib.fail["nvmlDeviceGetMemoryInfo"] = pynvml.NVML_ERROR_NOT_FOUND
     assert backend.status("GPU-1").lost
+
+
+def test_a_listed_gpu_is_asked_through_its_own_handle_not_a_uuid_search(lib: FakeLib) -> None:
+    """NVML answers a lookup by UUID with GPU_IS_LOST when any GPU fell off the bus."""
+    backend = _backend(lib)
+    backend.gpus()
+    lib.fail["nvmlDeviceGetHandleByUUID"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    assert backend.status("GPU-1").answering
 
 
 def test_a_growing_uncorrectable_ecc_count_reads_as_xid_48(lib: FakeLib) -> None:
