@@ -11,19 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.nvml.harness import LIBRARIES, PROFILES, Lab
-from tests.nvml.state import MIG_LAYOUTS, REPO, with_mig
-
-NODES = [(lib, p) for lib in LIBRARIES for p in PROFILES] + [("own", m) for m in MIG_LAYOUTS]
+from tests.nvml.harness import NODE_IDS, NODES, lab_for
+from tests.nvml.state import REPO
 
 
-@pytest.mark.parametrize(("library", "node"), NODES, ids=[f"{lib}-{n}" for lib, n in NODES])
+@pytest.mark.parametrize(("library", "node"), NODES, ids=NODE_IDS)
 def test_real_backend_keeps_the_nvml_contract(library: str, node: str, tmp_path: Path) -> None:
-    if node in MIG_LAYOUTS:
-        lab = Lab(library, MIG_LAYOUTS[node][0], tmp_path, with_mig(node))
-    else:
-        lab = Lab(library, node, tmp_path)
-    env = lab.env()
+    env = lab_for(library, node, tmp_path).env()
     env["NVML_CONTRACT_REQUIRED"] = "1"
     env.pop("PYTEST_ADDOPTS", None)
     done = subprocess.run(

@@ -21,10 +21,13 @@ from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.nvml.harness import (
     LIBRARIES,
     MOCK_TTL_S,
+    NODE_IDS,
+    NODES,
     NVSWITCH_PROFILES,
     PROFILES,
     AgentProcess,
     Lab,
+    lab_for,
     profile_numa,
     start_agent,
 )
@@ -75,11 +78,12 @@ def library(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(params=PROFILES)
+@pytest.fixture(params=NODES, ids=NODE_IDS)
 async def run(
-    request: pytest.FixtureRequest, library: str, replicas: int, tmp_path: Path, plugin_dir: Path
+    request: pytest.FixtureRequest, replicas: int, tmp_path: Path, plugin_dir: Path
 ) -> AsyncIterator[Run]:
-    lab = Lab(library, str(request.param), tmp_path)
+    """The agent with its default migStrategy (none): MIG GPUs are offered whole."""
+    lab = lab_for(*request.param, tmp_path)
     kubelet = Kubelet(plugin_dir, seed=5)
     await kubelet.start()
     args: list[str] = []

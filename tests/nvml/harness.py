@@ -26,7 +26,10 @@ MOCK_DIR = Path(os.environ["MOCK_NVML_DIR"]) if os.environ.get("MOCK_NVML_DIR") 
 LIBRARIES = ("own", "nvidia-mock") if MOCK_DIR is not None else ("own",)
 PROFILES = state.PROFILES
 NVSWITCH_PROFILES = frozenset({"a100", "gb200", "gb300", "h100"})
-FAULT_MODES = ("fallen_off_bus", "lost", "ecc_uncorrectable")  # what both libraries model
+# Every node a real-backend suite runs on: each profile on each library, and the MIG
+# layouts on ours (NVIDIA's mock models no MIG instances).
+NODES = [(lib, p) for lib in LIBRARIES for p in PROFILES] + [("own", m) for m in state.MIG_LAYOUTS]
+NODE_IDS = [f"{lib}-{node}" for lib, node in NODES]
 MOCK_TTL_S = 0.1  # how often NVIDIA's mock re-reads its overrides file
 
 
@@ -84,6 +87,13 @@ class Lab:
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(yaml.safe_dump({"devices": devices}))
         tmp.replace(self.path)
+
+
+def lab_for(library: str, node: str, tmp: Path) -> Lab:
+    """A Lab for a GPU profile or a MIG layout (state.MIG_LAYOUTS) by name."""
+    if node in state.MIG_LAYOUTS:
+        return Lab(library, state.MIG_LAYOUTS[node][0], tmp, state.with_mig(node))
+    return Lab(library, node, tmp)
 
 
 def _own_fault(node: NvmlNode, index: int, mode: str) -> None:
