@@ -189,11 +189,13 @@ def test_build_context_leaves_out_venv_git_and_tests() -> None:
     assert not ignored & {"agents", "hack", "pyproject.toml", "README.md", "proto"}
 
 
-def test_hadolint_finds_nothing() -> None:
-    hadolint = shutil.which("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint is not installed; the checks above run without it")
-    out = subprocess.run(
-        [hadolint, str(CONTAINERFILE)], capture_output=True, text=True, check=False, timeout=60
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+HADOLINT = shutil.which("hadolint")
+
+if HADOLINT is not None:  # not packaged by Debian: a check for machines that have it
+
+    def test_hadolint_finds_nothing() -> None:
+        assert HADOLINT is not None
+        out = subprocess.run(
+            [HADOLINT, str(CONTAINERFILE)], capture_output=True, text=True, check=False, timeout=60
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
