@@ -10,8 +10,8 @@
  * The state file (env NODE_AGENT_NVML_STATE) has one record a line, fields separated by
  * tabs, the first the record's kind and the others key=value:
  *   system  driver=... nvml=... cuda=12040
- *   gpu     index= uuid= name= bus= pci_device_id= memory= minor= numa= mig_capable=
- *           mig= ecc= ecc_uncorrected= lost= error= hang_ms=
+ *   gpu     index= uuid= name= serial= bus= pci_device_id= memory= minor= numa=
+ *           arch= cc= mig_capable= mig= ecc= ecc_uncorrected= lost= error= hang_ms=
  *   link    gpu= link= type= bus=                 (an active NVLink)
  *   mig     gpu= slot= uuid= gi= ci= gi_slices= ci_slices= memory_mib= sm=
  *   fail    gpu= call= code=                      (that call about that GPU fails so)
@@ -56,8 +56,8 @@ struct link {
 };
 
 struct gpu {
-    char uuid[TEXT], name[TEXT], bus[TEXT];
-    unsigned pci_device_id, minor, mig_capable, mig, ecc, lost, error, hang_ms;
+    char uuid[TEXT], name[TEXT], serial[TEXT], bus[TEXT];
+    unsigned pci_device_id, minor, arch, cc, mig_capable, mig, ecc, lost, error, hang_ms;
     int numa;
     unsigned long long memory, ecc_uncorrected;
     struct link links[MAX_LINKS];
@@ -149,6 +149,9 @@ static void parse_gpu(struct state *s, char **f, int n)
     struct gpu *g = &s->gpus[i];
     copy(g->uuid, f, n, "uuid");
     copy(g->name, f, n, "name");
+    copy(g->serial, f, n, "serial");
+    g->arch = (unsigned)number(f, n, "arch", NVML_DEVICE_ARCH_HOPPER);
+    g->cc = (unsigned)number(f, n, "cc", 90); /* compute capability, major * 10 + minor */
     copy(g->bus, f, n, "bus");
     g->pci_device_id = (unsigned)number(f, n, "pci_device_id", 0x233010DE);
     g->memory = number(f, n, "memory", 0);
@@ -596,6 +599,40 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
     else
         snprintf(text, sizeof text, "%s", gpu_of(h)->name);
     return leave(put_text(name, length, text));
+}
+
+nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    ENTER(device, h);
+    return leave(put_text(serial, length, gpu_of(h)->serial));
+}
+
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type)
+{
+    if (!type)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    *type = NVML_BRAND_NVIDIA;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceArchitecture_t *arch)
+{
+    if (!arch)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    *arch = gpu_of(h)->arch;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    *major = (int)(gpu_of(h)->cc / 10);
+    *minor = (int)(gpu_of(h)->cc % 10);
+    return leave(NVML_SUCCESS);
 }
 
 nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)

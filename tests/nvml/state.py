@@ -41,6 +41,7 @@ _MIG_MEMORY_MIB = {
     40: {1: 4864, 2: 9984, 3: 19968, 4: 19968, 7: 40192},
     80: {1: 9856, 2: 19968, 3: 40192, 4: 40192, 7: 80384},
 }
+_ARCH = {"turing": 6, "ampere": 7, "ada": 8, "ada_lovelace": 8, "hopper": 9, "blackwell": 10}
 # GPU instance IDs the driver gives each GPU-instance size, in order of placement.
 _GI_IDS = {7: [0], 4: [1], 3: [1, 2], 2: [3, 4, 5], 1: list(range(7, 15))}
 
@@ -64,6 +65,9 @@ class Gpu:
     memory: int  # bytes
     minor: int
     pci_device_id: int = 0x233010DE
+    serial: str = ""
+    arch: int = 9  # nvmlDeviceArchitecture_t: 6 Turing, 7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell
+    cc: int = 90  # CUDA compute capability, major * 10 + minor
     numa: int = -1
     mig_capable: bool = False
     mig: bool = False
@@ -177,10 +181,13 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
             index=index,
             uuid=gpu.uuid,
             name=gpu.name,
+            serial=gpu.serial,
             bus=gpu.bus,
             pci_device_id=hex(gpu.pci_device_id),
             memory=gpu.memory,
             minor=gpu.minor,
+            arch=gpu.arch,
+            cc=gpu.cc,
             numa=gpu.numa,
             mig_capable=int(gpu.mig_capable),
             mig=int(gpu.mig),
@@ -270,6 +277,10 @@ def from_profile(profile: str) -> NvmlNode:
                 memory=int(spec["memory"]["total_bytes"]),
                 minor=int(spec.get("minor_number", device["index"])),
                 pci_device_id=int(defaults.get("pci", {}).get("device_id", 0x233010DE)),
+                serial=str(spec.get("serial", "")),
+                arch=_ARCH.get(str(spec.get("architecture", "")), 9),
+                cc=int(spec["compute_capability"]["major"]) * 10
+                + int(spec["compute_capability"]["minor"]),
                 mig_capable=int(mig.get("max_gpu_instances", 0)) > 0,
                 mig=mig.get("mode_current") == "enabled",
                 ecc=(spec.get("ecc") or {}).get("mode_current") == "enabled",
