@@ -109,7 +109,9 @@ class Reporter:
     async def _sync_condition(self) -> None:
         path = f"/api/v1/nodes/{self.node}/status"
         if not self._known:
-            self._read_condition(await self._client.request("GET", path))
+            # An empty patch answers with the node: the agent may patch the status but
+            # not read it, and a condition that kept its status keeps its transition time.
+            self._read_condition(await self._client.request("PATCH", path, {}, STRATEGIC))
             self._known = True
         wanted = condition_of(self._current())
         if wanted == self._condition:
