@@ -138,7 +138,10 @@ async def test_a_gpu_lost_before_start_is_in_the_first_condition(tmp_path: Path)
 
 
 async def test_replicas_report_their_gpu_once(tmp_path: Path) -> None:
-    sharing = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+    sharing = (
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+        "    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
     async with running(tmp_path, config=sharing) as node:
         victim = node.uuid(2)
         await async_wait_until(lambda: node.condition().get("status") == "True", WAIT)

@@ -31,7 +31,7 @@ from agents.core.node_report import (
         ("port_absent", "RDMA port absent"),
         (None, "healthy"),
     ],
-    ids=lambda v: str(v),
+    ids=str,
 )
 def test_cause_names_the_fault_as_an_operator_knows_it(reason: str | None, text: str) -> None:
     assert cause(reason) == text
