@@ -62,9 +62,8 @@ async def test_xid_through_the_cli_reaches_the_api_server(
     node_doc: dict[str, Any],
     edit_node: Callable[..., None],
     start_agent: Callable[[Sequence[str]], AgentProcess],
-    tmp_path: Path,
 ) -> None:
-    config = kubeconfig(tmp_path / "kubeconfig", server.url)
+    config = kubeconfig(node_file.parent / "kubeconfig", server.url)
     agent = start_agent(args(node_file, "--kubeconfig", str(config), "--node-name", NODE))
     condition = lambda: server.store.condition(NODE, "DevicesHealthy") or {}  # noqa: E731
     await async_wait_until(lambda: condition().get("status") == "True", WAIT)
