@@ -30,6 +30,12 @@ COMPONENT = "node-agent"
 EVENT_NAMESPACE = "default"  # where the kubelet puts its Node events too
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 10.0
+# The families' first health pass (a GPU lost before the start, a link already down)
+# ends within this: the first condition says so, rather than True for a moment.
+SETTLE_S = 2.0
+# The condition is also checked this often: a device that left the node (no health
+# change) leaves its message.
+RESYNC_S = 30.0
 STRATEGIC = "application/strategic-merge-patch+json"
 
 
@@ -48,11 +54,13 @@ class Reporter:
         now: Callable[[], str] = rfc3339,
         first_retry_s: float = FIRST_RETRY_S,
         max_retry_s: float = MAX_RETRY_S,
+        settle_s: float = SETTLE_S,
     ) -> None:
         self.node = node
         self._client = client
         self._now = now
         self._first_retry_s, self._max_retry_s = first_retry_s, max_retry_s
+        self._settle_s = settle_s
         self.book = EventBook(f"{node}.{os.urandom(4).hex()}")
         self._wake = asyncio.Event()
         self._condition: Condition | None = None  # as the API server has it
@@ -77,6 +85,7 @@ class Reporter:
 
     async def _loop(self, stop: asyncio.Event) -> None:
         delay = self._first_retry_s
+        await _wait(stop, self._settle_s)
         while not stop.is_set():
             self._wake.clear()
             try:
@@ -89,7 +98,7 @@ class Reporter:
             if self.reachable is False:
                 log.info("cluster_reachable", api=self._client.access.server)
             self.reachable, delay = True, self._first_retry_s
-            await _wait(stop, None, self._wake)
+            await _wait(stop, RESYNC_S, self._wake)
 
     def _failed(self, exc: Exception) -> None:
         if self.reachable is not False:  # one line per outage, not per retry

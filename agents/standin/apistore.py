@@ -64,10 +64,18 @@ def strategic_status_patch(status: Obj, patch: Obj) -> Obj:
     return merged
 
 
+def _condition(status: Obj, kind: str) -> Obj | None:
+    for c in status.get("conditions", []):
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
 @dataclass
 class Store:
     nodes: dict[str, Obj] = field(default_factory=dict)
     events: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    statuses: list[tuple[str, Obj]] = field(default_factory=list)  # (node, status) patched
     _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def add_node(self, name: str) -> Obj:
@@ -101,13 +109,16 @@ class Store:
         else:
             raise StatusError(415, "UnsupportedMediaType", f"the body of type {content_type!r}")
         node["metadata"]["resourceVersion"] = self._rv()
+        self.statuses.append((name, copy.deepcopy(node["status"])))
         return node
 
     def condition(self, node: str, kind: str) -> Obj | None:
-        for c in self.node(node)["status"].get("conditions", []):
-            if c.get("type") == kind:
-                return dict(c)
-        return None
+        return _condition(self.node(node)["status"], kind)
+
+    def condition_history(self, node: str, kind: str) -> list[str]:
+        """The condition's status after each patch of the node's status that had it."""
+        seen = [_condition(status, kind) for name, status in self.statuses if name == node]
+        return [str(c["status"]) for c in seen if c is not None]
 
     def create_event(self, namespace: str, event: Obj) -> Obj:
         meta = event.get("metadata") or {}

@@ -135,6 +135,8 @@ async def test_a_gpu_lost_before_start_is_in_the_first_condition(tmp_path: Path)
         await async_wait_until(lambda: node.condition().get("status") == "False", WAIT)
         assert f"{victim} (GPU 0): NVML: GPU is lost" in node.condition()["message"]
         assert node.condition()["message"].startswith("1 of 8 devices Unhealthy")
+        # Never True for a moment: the first condition already knew of the lost GPU.
+        assert node.server.store.condition_history(NODE, "DevicesHealthy")[0] == "False"
 
 
 async def test_replicas_report_their_gpu_once(tmp_path: Path) -> None:

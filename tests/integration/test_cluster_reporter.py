@@ -54,7 +54,7 @@ async def setup() -> AsyncIterator[Setup]:
     server = ApiServer((NODE,))
     await server.start()
     client = ApiClient(Access(server.url), timeout_s=0.5)
-    reporter = Reporter(NODE, client, first_retry_s=0.05, max_retry_s=0.2)
+    reporter = Reporter(NODE, client, first_retry_s=0.05, max_retry_s=0.2, settle_s=0)
     s = Setup(server, reporter, {GPU0.device_id: GPU0, NIC_UP.device_id: NIC_UP})
     stop = asyncio.Event()
     task = asyncio.ensure_future(reporter.run(stop, lambda: list(s.state.values())))
