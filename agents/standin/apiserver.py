@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import re
+import ssl
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ class Call:
 
 
 class ApiServer:
-    def __init__(self, nodes: tuple[str, ...] = ("node-1",), port: int = 0) -> None:
+    def __init__(
+        self, nodes: tuple[str, ...] = ("node-1",), port: int = 0, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.tls = tls  # https with this context; None: plain http
         self.store = Store()
         for name in nodes:
             self.store.add_node(name)
@@ -44,10 +48,10 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
