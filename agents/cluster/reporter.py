@@ -37,6 +37,7 @@ SETTLE_S = 2.0
 # change) leaves its message.
 RESYNC_S = 30.0
 STRATEGIC = "application/strategic-merge-patch+json"
+REFUSED_FOR_GOOD = (400, 413, 415, 422)  # the Event itself is wrong: retrying repeats it
 
 
 def rfc3339() -> str:
@@ -113,7 +114,14 @@ class Reporter:
     async def _sync(self) -> None:
         await self._sync_condition()
         for record in self.book.unsent():
-            await self._send(record)
+            try:
+                await self._send(record)
+            except ApiError as exc:
+                if exc.status not in REFUSED_FOR_GOOD:
+                    raise
+                # Sending it again cannot help, and it must not hold up the others.
+                log.error("event_refused", name=record.name, error=str(exc))
+                record.sent_count = record.count
 
     async def _sync_condition(self) -> None:
         path = f"/api/v1/nodes/{self.node}/status"
@@ -147,29 +155,32 @@ class Reporter:
                 )
                 self._since = str(c.get("lastTransitionTime") or "")
 
-    async def _send(self, record: EventRecord) -> None:
+    async def _send(self, record: EventRecord, fallback: bool = True) -> None:
+        """Create the record's Event or patch its count. An Event the API server expired
+        (404) is made anew, a create that already happened (409) becomes a patch: once
+        per call, so that an API server answering both ways cannot loop."""
         count = record.count
         base = f"/api/v1/namespaces/{EVENT_NAMESPACE}/events"
-        if record.created:
-            patch = {"count": count, "lastTimestamp": record.last, "message": record.note.message}
-            try:
+        try:
+            if record.created:
+                patch = {
+                    "count": count,
+                    "lastTimestamp": record.last,
+                    "message": record.note.message,
+                }
                 await self._client.request("PATCH", f"{base}/{record.name}", patch, STRATEGIC)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                self.book.renew(record)  # expired on the server: a new object
-                return await self._send(record)
-        else:
-            try:
+            else:
                 await self._client.request("POST", base, self._event_body(record))
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                record.created = True  # made by an earlier try whose answer was lost
-                return await self._send(record)
-            record.created = True
-        record.sent_count = count
-        return None
+        except ApiError as exc:
+            if not fallback or exc.status not in (404, 409):
+                raise
+            if exc.status == 404:
+                self.book.renew(record)
+            else:
+                record.created = True
+            await self._send(record, fallback=False)
+            return
+        record.created, record.sent_count = True, count
 
     def _event_body(self, record: EventRecord) -> dict[str, object]:
         note = record.note

@@ -181,3 +181,13 @@ async def test_the_agent_touches_only_events_and_its_node_status(setup: Setup) -
         ), key
     patches = {c.content_type for c in setup.server.calls if c.method == "PATCH"}
     assert patches == {"application/strategic-merge-patch+json"}
+
+
+async def test_an_event_refused_as_invalid_holds_up_no_other(setup: Setup) -> None:
+    await async_wait_until(lambda: setup.condition() is not None, WAIT)
+    setup.server.fail_next(422, times=1, method="POST")
+    setup.change(GPU0_XID)
+    setup.change(NIC_DOWN)
+    await async_wait_until(lambda: len(setup.events()) == 1, WAIT)
+    assert "interface ens1np0" in str(setup.events()[0]["message"])
+    await async_wait_until(lambda: (setup.condition() or {}).get("status") == "False", WAIT)
