@@ -127,6 +127,12 @@ class Store:
             raise StatusError(422, "Invalid", "metadata.name and involvedObject are required")
         if meta.get("namespace", namespace) != namespace:
             raise StatusError(400, "BadRequest", "the namespace of the object does not match")
+        involved = event["involvedObject"]
+        if not involved.get("namespace") and namespace != "default":
+            # The API server's rule for Events of cluster-scoped objects (a Node).
+            raise StatusError(
+                422, "Invalid", "involvedObject.namespace: does not match event.namespace"
+            )
         if (namespace, name) in self.events:
             raise StatusError(409, "AlreadyExists", f'events "{name}" already exists')
         stored = copy.deepcopy(event)
