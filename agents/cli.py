@@ -21,7 +21,7 @@ from agents.config import Config, load_config
 from agents.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
-    from agents.daemon import Agent, Backends
+    from agents.daemon import Agent, Backends, HealthReporter
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the kubelet's pod-resources socket, used for pairing when it answers "
         f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
+    _cluster_flags(run)
     run.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -122,6 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
     return parser
+
+
+def _cluster_flags(run: argparse.ArgumentParser) -> None:
+    """Where the API server is told of device faults (SPEC §9)."""
+    run.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="API server for device-fault Events and the DevicesHealthy condition, "
+        "when not in a pod (default: the pod's service account)",
+    )
+    run.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name in the cluster (env NODE_NAME, which takes precedence)",
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -200,6 +217,7 @@ async def _serve(
         if opts.simulate
         else contextlib.nullcontext(real_backends(config))
     )
+    reporter = await _cluster_reporter(opts)
     async with backends_cm as backends:
         agent = Agent(
             config,
@@ -210,6 +228,7 @@ async def _serve(
             metrics_address=opts.metrics_address,
             nfd_features_file=opts.nfd_features_file,
             pod_resources_socket=opts.pod_resources_socket,
+            reporter=reporter,
         )
         agent.start()
         _freeze_heap()
@@ -217,6 +236,12 @@ async def _serve(
         await _until_stopped(agent, stop, hup, opts.config)
     log.info("agent_stopped")
     return EXIT_OK
+
+
+async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:
+    from agents.cluster import cluster_reporter  # only here: never in the RPC path
+
+    return await cluster_reporter(opts.kubeconfig, opts.node_name, os.environ)
 
 
 def _freeze_heap() -> None:

@@ -6,15 +6,16 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from agents.config import Config
 from agents.core.ledger import GPU, NIC
+from agents.core.node_report import DeviceHealth
 from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
 from agents.gpu.resource import GpuResource
@@ -85,6 +86,15 @@ async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
         host_links.close()
 
 
+class HealthReporter(Protocol):
+    """Told of every health change on the event loop (it must not block), and run beside
+    the device plugins with the current health of every advertised device at hand."""
+
+    def changed(self, change: DeviceHealth) -> None: ...
+
+    async def run(self, stop: asyncio.Event, current: Callable[[], list[DeviceHealth]]) -> None: ...
+
+
 def parse_families(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in FAMILIES]
@@ -104,6 +114,7 @@ class Agent:
     metrics_address: str | None = None
     nfd_features_file: Path | None = None
     pod_resources_socket: Path | None = None
+    reporter: HealthReporter | None = None
 
     def __post_init__(self) -> None:
         self.family_objects: list[Family] = []
@@ -161,11 +172,18 @@ class Agent:
                 dev_root=b.dev_root,
                 telemetry=self.telemetry,
                 pairing=side,
+                on_health=self._on_health,
             )
         else:
             links = _Borrowed(b.links)  # the agent closes them, not a replaced family
             family = RoceFamily(
-                b.sysfs, links, config, dev_root=b.dev_root, telemetry=self.telemetry, pairing=side
+                b.sysfs,
+                links,
+                config,
+                dev_root=b.dev_root,
+                telemetry=self.telemetry,
+                pairing=side,
+                on_health=self._on_health,
             )
         family.start()
         if not any(r.inventory.devices for r in family.resources()):
@@ -182,6 +200,14 @@ class Agent:
 
     def resources(self) -> list[Resource]:
         return [r for f in self.family_objects for r in f.resources()]
+
+    @property
+    def _on_health(self) -> Callable[[DeviceHealth], None] | None:
+        return None if self.reporter is None else self.reporter.changed
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Every advertised device's health and its cause, over all families."""
+        return [state for f in self.family_objects for state in f.device_health()]
 
     def serving(self) -> bool:
         """Liveness: every resource's server is up."""
@@ -244,6 +270,8 @@ class Agent:
             coros.append(self.backends.simulated.run(stop))
         if self.metrics_server is not None:
             coros.append(self.metrics_server.serve(stop))
+        if self.reporter is not None:
+            coros.append(self.reporter.run(stop, self.device_health))
         for family in self.family_objects:
             self._loops.begin(family.name, family.run)
         self._restart_labels()

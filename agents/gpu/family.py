@@ -12,11 +12,12 @@ import structlog
 
 from agents.config import Config
 from agents.core.ledger import PairingSide
+from agents.core.node_report import DeviceHealth
 from agents.core.topology import Distance
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
-from agents.gpu.plan import plan_resources
+from agents.gpu.plan import Unit, plan_resources
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
@@ -48,7 +49,9 @@ class GpuFamily:
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
         hang_s: float = HANG_S,
+        on_health: Callable[[DeviceHealth], None] | None = None,
     ) -> None:
+        self._on_health = on_health  # told of each health change; must not block
         self._nvml = nvml
         self._pairing = pairing  # for the whole-GPU resource, when there is exactly one
         self._sysfs = sysfs
@@ -154,6 +157,26 @@ class GpuFamily:
 
     def resources(self) -> Sequence[GpuResource]:
         return self._resources
+
+    def device_health(self, gpu: str | None = None) -> list[DeviceHealth]:
+        """Every advertised device (of `gpu` alone if given) as the cluster is told of it:
+        a replica's GPU once per resource, a MIG instance on its own."""
+        states = []
+        for resource in self._resources:
+            seen: set[str] = set()
+            for unit in resource.plan.units:
+                if unit.gpu_uuid in self._gone or unit.visible_id in seen:
+                    continue
+                if gpu is not None and unit.gpu_uuid != gpu:
+                    continue
+                seen.add(unit.visible_id)
+                reason = self._reasons.get(unit.gpu_uuid)
+                states.append(
+                    DeviceHealth(
+                        resource.name, unit.visible_id, _where(unit), reason is None, reason
+                    )
+                )
+        return states
 
     async def run(self, stop: asyncio.Event) -> None:
         if not self._resources:
@@ -267,13 +290,26 @@ class GpuFamily:
         if (before is None) == (reason is None):
             if reason is not None and reason not in (before, "holding"):
                 log.warning("device_unhealthy", gpu=uuid, reason=reason)
+                self._tell(uuid)
             return
         if reason is None:
             log.info("device_healthy", gpu=uuid)
         else:
             log.warning("device_unhealthy", gpu=uuid, reason=reason)
+        self._tell(uuid)
         for resource in self._resources:
             self._telemetry.health_event(resource.name, reason or "recovered")
+
+    def _tell(self, uuid: str) -> None:
+        if self._on_health is not None:
+            for state in self.device_health(uuid):
+                self._on_health(state)
+
+
+def _where(unit: Unit) -> str:
+    """The device as nvidia-smi numbers it: "GPU 3", "MIG 0:1"."""
+    kind = "GPU" if unit.visible_id == unit.gpu_uuid else "MIG"
+    return f"{kind} {unit.index}" if unit.index else kind
 
 
 def _failing(status: GpuStatus) -> str | None:

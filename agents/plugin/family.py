@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
+from agents.core.node_report import DeviceHealth
 from agents.plugin.resource import Resource
 
 
@@ -16,6 +17,10 @@ class Family(Protocol):
     def name(self) -> str: ...
 
     def resources(self) -> Sequence[Resource]: ...
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Every advertised device's health and why, as the cluster is told of it."""
+        ...
 
     async def run(self, stop: asyncio.Event) -> None:
         """Health and discovery loop; returns when `stop` is set."""

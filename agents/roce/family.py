@@ -17,6 +17,7 @@ import structlog
 from agents.config import Config
 from agents.core.debounce import Debouncer
 from agents.core.ledger import PairingSide
+from agents.core.node_report import DeviceHealth
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.plugin.telemetry import NoTelemetry, Telemetry
@@ -46,7 +47,10 @@ class RoceFamily:
         telemetry: Telemetry | None = None,
         clock: Callable[[], float] = time.monotonic,
         pairing: PairingSide | None = None,
+        on_health: Callable[[DeviceHealth], None] | None = None,
     ) -> None:
+        self._on_health = on_health  # told of each health change; must not block
+        self._reasons: dict[str, str] = {}  # why each Unhealthy NIC turned so
         self._sysfs = sysfs
         self._links = links
         self._selectors = config.roce.selectors
@@ -115,6 +119,10 @@ class RoceFamily:
         self._health.flush_due(now)
         healthy = {n.pci: bool(self._health.value(n.pci)) for n in self._nics}
         for nic in self._nics:
+            if not healthy[nic.pci] and (
+                before[nic.pci] is not False or nic.pci not in self._reasons
+            ):
+                self._reasons[nic.pci] = reasons[nic.pci]
             if before[nic.pci] is not None and before[nic.pci] != healthy[nic.pci]:
                 self._report(nic, healthy[nic.pci], reasons[nic.pci])
         # Most polls change nothing: rebuilding the device list then is wasted work.
@@ -128,3 +136,15 @@ class RoceFamily:
         else:
             log.warning("device_unhealthy", nic=nic.pci, netdev=nic.netdev, reason=reason)
         self._telemetry.health_event(self._resource.name, "recovered" if ok else reason)
+        if self._on_health is not None:
+            self._on_health(self._state_of(nic, ok))
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Every advertised NIC as the cluster is told of it."""
+        healthy = {d.id: d.healthy for d in self._resource.inventory.devices}
+        return [self._state_of(n, healthy[n.pci]) for n in self._nics if n.pci in healthy]
+
+    def _state_of(self, nic: Nic, ok: bool) -> DeviceHealth:
+        reason = None if ok else self._reasons.get(nic.pci, "link_down")
+        where = f"interface {nic.netdev}"
+        return DeviceHealth(self._resource.name, nic.pci, where, ok, reason)

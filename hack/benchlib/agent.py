@@ -46,8 +46,10 @@ class AgentProcess:
         *,
         config: dict[str, Any] | None = None,
         prefix: Sequence[str] = (),
+        extra: Sequence[str] = (),
     ) -> None:
         self.work = work
+        self.extra = list(extra)  # more flags of `node-agent run`
         self.plugin_dir = work / "device-plugins"
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.node_file = node_file
@@ -64,7 +66,7 @@ class AgentProcess:
         cmd += ["--device-plugin-dir", str(self.plugin_dir), "--log-format", "json"]
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
-        return cmd
+        return cmd + self.extra
 
     def start(self) -> None:
         log = (self.work / "agent.log").open("ab")

@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 
 from agents.sim.bundled import DEMO_NODE, bundled_node
-from hack.benchlib import busy, faults, latency, lifecycle, nvml_hang, pairing
+from hack.benchlib import apiserver, busy, faults, latency, lifecycle, nvml_hang, pairing
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, as_json, table
 from hack.benchlib.nodes import generate_node, sharing_config, write_yaml
@@ -63,6 +63,9 @@ def run(quick: bool, progress: Callable[[str], None], only: str | None = None) -
         if only == "busy":
             progress("GetPreferredAllocation on partly occupied nodes")
             return busy.busy_figures(root, 300 if quick else 2000, 100 if quick else 300)
+        if only == "apiserver":
+            progress("the API server reachable, refused, never answering")
+            return apiserver.apiserver_figures(root, 300 if quick else 2000, 5 if quick else 16)
 
         def fresh(name: str) -> Path:
             path = root / name
@@ -82,6 +85,8 @@ def run(quick: bool, progress: Callable[[str], None], only: str | None = None) -
         figures += faults.xid_fault(fresh("xid"), rounds)
         figures += faults.link_fault(fresh("link"), rounds)
         figures += nvml_hang.nvml_hang(fresh("nvml-hang"), 300 if quick else 1000)
+        progress("the API server reachable, refused, never answering")
+        figures += apiserver.apiserver_figures(fresh("apiserver"), 300 if quick else 2000, rounds)
         progress("pairing")
         figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
         figures.append(pairing.choice_optimality(300 if quick else 3000))
@@ -94,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy"],
-        help="only these figures (busy: GetPreferredAllocation on partly occupied nodes)",
+        choices=["busy", "apiserver"],
+        help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
+        "apiserver: RPCs and faults with the API server reachable, refused, never answering)",
     )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))

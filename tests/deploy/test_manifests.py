@@ -34,6 +34,12 @@ JUSTIFIED_CAPABILITIES: frozenset[str] = frozenset()
 HOST_NETWORK_FAMILY = "roce"
 
 variants = pytest.mark.parametrize("variant", VARIANTS)
+CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
+# All the agent may do with the API server (SPEC section 9).
+API_RULES = [
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+]
 
 
 def host_path_mounts(objs: list[Obj]) -> list[tuple[str, Obj]]:
@@ -55,6 +61,8 @@ def test_renders_namespace_serviceaccount_configmap_and_daemonset_in_one_namespa
 ) -> None:
     objs = render(variant)
     assert sorted(o["kind"] for o in objs) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
         "ConfigMap",
         "DaemonSet",
         "Namespace",
@@ -62,7 +70,7 @@ def test_renders_namespace_serviceaccount_configmap_and_daemonset_in_one_namespa
     ]
     assert only(objs, "Namespace")["metadata"]["name"] == NAMESPACE
     for obj in objs:
-        if obj["kind"] != "Namespace":
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
 
 
@@ -161,12 +169,36 @@ def test_only_scratch_space_is_writable_besides_host_dirs(variant: str) -> None:
 
 
 @variants
-def test_service_account_token_is_not_mounted(variant: str) -> None:
+def test_service_account_token_is_mounted_for_the_api_server_reports(variant: str) -> None:
     objs = render(variant)
-    assert only(objs, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert only(objs, "ServiceAccount")["automountServiceAccountToken"] is True
     spec = pod_spec(objs)
-    assert spec["automountServiceAccountToken"] is False
+    assert spec["automountServiceAccountToken"] is True
     assert spec["serviceAccountName"] == only(objs, "ServiceAccount")["metadata"]["name"]
+
+
+@variants
+def test_the_account_may_only_create_and_patch_events_and_patch_node_status(
+    variant: str,
+) -> None:
+    objs = render(variant)
+    role, binding = only(objs, "ClusterRole"), only(objs, "ClusterRoleBinding")
+    assert role["rules"] == API_RULES
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = only(objs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+
+
+@variants
+def test_the_node_name_comes_from_the_pod_spec(variant: str) -> None:
+    node_name = env(agent_container(render(variant)))["NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 @variants

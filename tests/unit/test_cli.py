@@ -47,3 +47,10 @@ def test_pod_resources_socket_defaults_to_the_kubelets_and_can_be_set() -> None:
     assert DEFAULT_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
     opts = parse_args(["run", "--pod-resources-socket", "/run/pr.sock"])
     assert opts.pod_resources_socket == Path("/run/pr.sock")
+
+
+def test_kubeconfig_and_node_name_flags_are_read() -> None:
+    opts = parse_args(["run", "--kubeconfig", "/etc/k.yaml", "--node-name", "n7"])
+    assert (opts.kubeconfig, opts.node_name) == (Path("/etc/k.yaml"), "n7")
+    opts = parse_args(["run"])
+    assert (opts.kubeconfig, opts.node_name) == (None, None)

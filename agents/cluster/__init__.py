@@ -1,0 +1,46 @@
+"""The agent's reports to the Kubernetes API server (SPEC §9): never imported by the
+RPC or health path, only by the command line that wires a reporter in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+
+import structlog
+
+from agents.cluster.access import from_kubeconfig, in_cluster
+from agents.cluster.client import Access, ApiClient
+from agents.cluster.reporter import Reporter
+from agents.errors import AgentError
+
+log = structlog.get_logger(__name__)
+
+NODE_NAME_ENV = "NODE_NAME"
+
+
+async def cluster_reporter(
+    kubeconfig: Path | None, node_name: str | None, env: Mapping[str, str]
+) -> Reporter | None:
+    """The reporter for this node, or None (said in one log line) when the node's name or
+    the API server is unknown: the device plugins serve either way."""
+    node = env.get(NODE_NAME_ENV) or node_name
+    if not node:
+        log.info("cluster_reports_off", reason=f"no node name: env {NODE_NAME_ENV} or --node-name")
+        return None
+    try:
+        access: Access | None = await asyncio.to_thread(_access, kubeconfig, env)
+    except (AgentError, OSError, ValueError) as exc:
+        log.warning("cluster_reports_off", reason=str(exc), effect="device plugins keep serving")
+        return None
+    if access is None:
+        log.info("cluster_reports_off", reason="no API access: not in a pod and no --kubeconfig")
+        return None
+    return Reporter(node, ApiClient(access))
+
+
+def _access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
+    return from_kubeconfig(kubeconfig) if kubeconfig is not None else in_cluster(env)
+
+
+__all__ = ["NODE_NAME_ENV", "Reporter", "cluster_reporter"]

@@ -1,0 +1,236 @@
+"""Tells the API server about device health: Events on the Node and its `DevicesHealthy`
+condition. Families hand changes over without ever waiting; the calls run in the
+reporter's own task, with retries and backoff, so a slow or absent API server delays
+no RPC and no health update to the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+
+from agents.cluster.client import ApiClient, ApiError, UnreachableError
+from agents.core.node_report import (
+    CONDITION_TYPE,
+    Condition,
+    DeviceHealth,
+    EventBook,
+    EventRecord,
+    condition_of,
+    note_of,
+)
+
+log = structlog.get_logger(__name__)
+
+COMPONENT = "node-agent"
+EVENT_NAMESPACE = "default"  # where the kubelet puts its Node events too
+FIRST_RETRY_S = 0.5
+MAX_RETRY_S = 10.0
+# The families' first health pass (a GPU lost before the start, a link already down)
+# ends within this: the first condition says so, rather than True for a moment.
+SETTLE_S = 2.0
+# The condition is also checked this often: a device that left the node (no health
+# change) leaves its message.
+RESYNC_S = 30.0
+STRATEGIC = "application/strategic-merge-patch+json"
+REFUSED_FOR_GOOD = (400, 413, 415, 422)  # the Event itself is wrong: retrying repeats it
+
+
+def rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reporter:
+    """One per agent; `changed` is called on the event loop by the families."""
+
+    def __init__(
+        self,
+        node: str,
+        client: ApiClient,
+        *,
+        now: Callable[[], str] = rfc3339,
+        first_retry_s: float = FIRST_RETRY_S,
+        max_retry_s: float = MAX_RETRY_S,
+        settle_s: float = SETTLE_S,
+    ) -> None:
+        self.node = node
+        self._client = client
+        self._now = now
+        self._first_retry_s, self._max_retry_s = first_retry_s, max_retry_s
+        self._settle_s = settle_s
+        self.book = EventBook(f"{node}.{os.urandom(4).hex()}")
+        self._wake = asyncio.Event()
+        self._condition: Condition | None = None  # as the API server has it
+        self._since = ""  # its lastTransitionTime
+        self._known = False  # the node's condition was read once
+        self._current: Callable[[], list[DeviceHealth]] = list
+        self.reachable: bool | None = None  # None until the first call ends
+
+    def changed(self, change: DeviceHealth) -> None:
+        """Count a health change into its Event and wake the reporter. Never blocks."""
+        self.book.add(note_of(change), self._now())
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event, current: Callable[[], list[DeviceHealth]]) -> None:
+        """Keep the API server true to `current()` and the changes until `stop`."""
+        self._current = current
+        log.info("cluster_reports", node=self.node, api=self._client.access.server)
+        try:
+            await self._loop(stop)
+        except Exception:  # the reports are optional to the agent: never end it
+            log.exception("cluster_reports_failed", effect="device plugins keep serving")
+
+    async def _loop(self, stop: asyncio.Event) -> None:
+        delay = self._first_retry_s
+        await _wait(stop, self._settle_s)
+        while not stop.is_set():
+            self._wake.clear()
+            try:
+                await self._sync()
+            except (ApiError, UnreachableError) as exc:
+                self._failed(exc)
+                await _wait(stop, delay)
+                delay = min(delay * 2, self._max_retry_s)
+                continue
+            if self.reachable is False:
+                log.info("cluster_reachable", api=self._client.access.server)
+            self.reachable, delay = True, self._first_retry_s
+            await _wait(stop, RESYNC_S, self._wake)
+
+    def _failed(self, exc: Exception) -> None:
+        if self.reachable is not False:  # one line per outage, not per retry
+            log.warning(
+                "cluster_unreachable",
+                api=self._client.access.server,
+                error=str(exc),
+                effect="retrying with backoff; device plugins keep serving",
+            )
+        self.reachable = False
+
+    async def _sync(self) -> None:
+        await self._sync_condition()
+        for record in self.book.unsent():
+            try:
+                await self._send(record)
+            except ApiError as exc:
+                if exc.status not in REFUSED_FOR_GOOD:
+                    raise
+                # Sending it again cannot help, and it must not hold up the others.
+                log.error("event_refused", name=record.name, error=str(exc))
+                record.sent_count = record.count
+
+    async def _sync_condition(self) -> None:
+        path = f"/api/v1/nodes/{self.node}/status"
+        if not self._known:
+            # An empty patch answers with the node: the agent may patch the status but
+            # not read it, and a condition that kept its status keeps its transition time.
+            self._read_condition(await self._client.request("PATCH", path, {}, STRATEGIC))
+            self._known = True
+        wanted = condition_of(self._current())
+        if wanted == self._condition:
+            return
+        now = self._now()
+        if self._condition is None or wanted.status != self._condition.status or not self._since:
+            since = now
+        else:
+            since = self._since
+        body = {"status": {"conditions": [_condition_body(wanted, now, since)]}}
+        await self._client.request("PATCH", path, body, STRATEGIC)
+        self._condition, self._since = wanted, since
+        log.info("node_condition_set", type=CONDITION_TYPE, status=wanted.status)
+
+    def _read_condition(self, node: dict[str, object]) -> None:
+        """What the node holds from an earlier run: its transition time stays if the
+        status does."""
+        status = node.get("status")
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        for c in conditions if isinstance(conditions, list) else []:
+            if isinstance(c, dict) and c.get("type") == CONDITION_TYPE:
+                self._condition = Condition(
+                    str(c.get("status")), str(c.get("reason")), str(c.get("message"))
+                )
+                self._since = str(c.get("lastTransitionTime") or "")
+
+    async def _send(self, record: EventRecord, fallback: bool = True) -> None:
+        """Create the record's Event or patch its count. An Event the API server expired
+        (404) is made anew, a create that already happened (409) becomes a patch: once
+        per call, so that an API server answering both ways cannot loop."""
+        count = record.count
+        base = f"/api/v1/namespaces/{EVENT_NAMESPACE}/events"
+        try:
+            if record.created:
+                patch = {
+                    "count": count,
+                    "lastTimestamp": record.last,
+                    "message": record.note.message,
+                }
+                await self._client.request("PATCH", f"{base}/{record.name}", patch, STRATEGIC)
+            else:
+                await self._client.request("POST", base, self._event_body(record))
+        except ApiError as exc:
+            if not fallback or exc.status not in (404, 409):
+                raise
+            if exc.status == 404:
+                self.book.renew(record)
+            else:
+                record.created = True
+            await self._send(record, fallback=False)
+            return
+        record.created, record.sent_count = True, count
+
+    def _event_body(self, record: EventRecord) -> dict[str, object]:
+        note = record.note
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": record.name, "namespace": EVENT_NAMESPACE},
+            # The kubelet's own Node events carry the node's name as UID; so do these,
+            # and `kubectl describe node` finds both.
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": self.node,
+            },
+            "type": note.type,
+            "reason": note.reason,
+            "message": note.message,
+            "count": record.count,
+            "firstTimestamp": record.first,
+            "lastTimestamp": record.last,
+            "source": {"component": COMPONENT, "host": self.node},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.node,
+        }
+
+
+def _condition_body(condition: Condition, now: str, since: str) -> dict[str, str]:
+    return {
+        "type": CONDITION_TYPE,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": since,
+    }
+
+
+async def _wait(
+    stop: asyncio.Event, within: float | None, wake: asyncio.Event | None = None
+) -> None:
+    """Until `stop`, `wake` or the timeout, whichever is first."""
+    waits = [asyncio.ensure_future(stop.wait())]
+    if wake is not None:
+        waits.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        for w in waits:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w

@@ -1,0 +1,121 @@
+"""What the cluster is told: causes as an operator reads them, Event notes, the Node
+condition, and repeats counted into one Event."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.core.node_report import (
+    MESSAGE_LIMIT,
+    DeviceHealth,
+    EventBook,
+    cause,
+    condition_of,
+    note_of,
+)
+
+
+@pytest.mark.parametrize(
+    ("reason", "text"),
+    [
+        ("xid=79", "XID 79 (fell off the bus)"),
+        ("xid=48", "XID 48 (uncorrectable ECC)"),
+        ("xid=48,79", "XID 48 (uncorrectable ECC), XID 79 (fell off the bus)"),
+        ("xid=999", "XID 999"),
+        ("lost", "NVML: GPU is lost"),
+        ("hung", "NVML: no answer (hung)"),
+        ("nvml: Unknown", "NVML: Unknown"),
+        ("link_down", "link down"),
+        ("link_absent", "link absent"),
+        ("port_down", "RDMA port down"),
+        ("port_absent", "RDMA port absent"),
+        (None, "healthy"),
+    ],
+    ids=str,
+)
+def test_cause_names_the_fault_as_an_operator_knows_it(reason: str | None, text: str) -> None:
+    assert cause(reason) == text
+
+
+GPU = DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", False, "xid=79")
+NIC = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", False, "link_down")
+
+
+def test_unhealthy_note_is_a_warning_naming_resource_device_index_and_cause() -> None:
+    note = note_of(GPU)
+    assert (note.type, note.reason) == ("Warning", "DeviceUnhealthy")
+    assert (
+        note.message
+        == "nvidia.com/gpu device GPU-aa (GPU 5) is Unhealthy: XID 79 (fell off the bus)"
+    )
+
+
+def test_healthy_note_is_normal_and_names_the_interface() -> None:
+    note = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", True))
+    assert (note.type, note.reason) == ("Normal", "DeviceHealthy")
+    assert "0000:1c:00.0 (interface ens1np0) is Healthy again" in note.message
+
+
+def test_condition_is_true_when_every_device_is_healthy() -> None:
+    ok = [DeviceHealth("nvidia.com/gpu", f"GPU-{i}", f"GPU {i}", True) for i in range(8)]
+    condition = condition_of(ok)
+    assert (condition.status, condition.reason) == ("True", "DevicesHealthy")
+    assert "all 8 devices" in condition.message
+
+
+def test_condition_is_false_and_lists_each_unhealthy_device() -> None:
+    ok = DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1", True)
+    condition = condition_of([GPU, ok, NIC])
+    assert (condition.status, condition.reason) == ("False", "DeviceUnhealthy")
+    assert condition.message == (
+        "2 of 3 devices Unhealthy: nvidia.com/gpu GPU-aa (GPU 5): XID 79 (fell off the bus); "
+        "rdma/roce 0000:1c:00.0 (interface ens1np0): link down"
+    )
+
+
+def test_condition_message_stays_short_and_says_how_many_more() -> None:
+    bad = [
+        DeviceHealth("nvidia.com/gpu", f"GPU-{i:040d}", f"GPU {i}", False, "lost")
+        for i in range(64)
+    ]
+    message = condition_of(bad).message
+    assert len(message) <= MESSAGE_LIMIT
+    assert message.endswith(" more")
+
+
+def test_repeats_of_one_change_count_into_one_record() -> None:
+    book = EventBook("node-1.ab")
+    down = note_of(NIC)
+    up = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", True))
+    for i in range(20):
+        book.add(down, f"t{i}")
+        book.add(up, f"t{i}")
+    records = book.records()
+    assert [r.count for r in records] == [20, 20]
+    assert len({r.name for r in records}) == 2
+    assert records[0].first == "t0" and records[0].last == "t19"
+
+
+def test_a_sent_record_is_unsent_again_after_a_repeat() -> None:
+    book = EventBook("n")
+    record = book.add(note_of(GPU), "t0")
+    record.sent_count, record.created = 1, True
+    assert book.unsent() == []
+    book.add(note_of(GPU), "t1")
+    assert book.unsent() == [record]
+
+
+def test_renewed_record_gets_a_new_name_and_is_created_again() -> None:
+    book = EventBook("n")
+    record = book.add(note_of(GPU), "t0")
+    old = record.name
+    record.sent_count, record.created = 1, True
+    book.renew(record)
+    assert record.name != old and not record.created and book.unsent() == [record]
+
+
+def test_the_book_forgets_the_oldest_kind_beyond_its_limit() -> None:
+    book = EventBook("n", limit=3)
+    for i in range(5):
+        book.add(note_of(DeviceHealth("r", f"d{i}", "x", False, "lost")), "t")
+    assert [r.note.key[1] for r in book.records()] == ["d2", "d3", "d4"]
