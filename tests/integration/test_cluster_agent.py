@@ -129,13 +129,15 @@ async def test_xid79_then_reset_tell_the_cluster_why(tmp_path: Path) -> None:
     assert event_s < EVENT_WITHIN_S
 
 
-async def test_a_gpu_lost_before_start_is_in_the_first_condition(tmp_path: Path) -> None:
-    async with running(tmp_path, lost=True) as node:
+async def test_a_gpu_failing_before_start_is_in_the_first_condition(tmp_path: Path) -> None:
+    # A GPU whose NVML answers fail from the start is listed, and Unhealthy. (One already
+    # off the bus cannot be listed at all: NVML gives no handle for it.)
+    async with running(tmp_path, nvml={"error": "Unknown"}) as node:
         victim = node.uuid(0)
         await async_wait_until(lambda: node.condition().get("status") == "False", WAIT)
-        assert f"{victim} (GPU 0): NVML: GPU is lost" in node.condition()["message"]
+        assert f"{victim} (GPU 0): NVML: Unknown" in node.condition()["message"]
         assert node.condition()["message"].startswith("1 of 8 devices Unhealthy")
-        # Never True for a moment: the first condition already knew of the lost GPU.
+        # Never True for a moment: the first condition already knew of the failing GPU.
         assert node.server.store.condition_history(NODE, "DevicesHealthy")[0] == "False"
 
 
