@@ -27,9 +27,11 @@ from tests.nvml.harness import (
     PROFILES,
     AgentProcess,
     Lab,
+    health,
     lab_for,
     profile_numa,
     start_agent,
+    unhealthy,
 )
 from tests.nvml.state import REPO
 
@@ -59,13 +61,10 @@ class Run:
         return {f"{u}::{n}" for u in gpus for n in range(self.replicas)}
 
     def health(self) -> dict[str, str]:
-        view = self.kubelet.resource(GPU)
-        if view is None or not view.connected:
-            return {}
-        return {i: s.health for i, s in view.devices.items()}
+        return health(self.kubelet)
 
     def unhealthy(self) -> set[str]:
-        return {i for i, h in self.health().items() if h != "Healthy"}
+        return unhealthy(self.kubelet)
 
 
 @pytest.fixture(params=[1, 2], ids=["whole-gpus", "time-sliced-2"])

@@ -17,7 +17,7 @@ from agents.core.xid import HOLD_S
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.hw.nvml_calls import HANG_S
 from agents.standin.kubelet import Container, Kubelet, Pod
-from tests.nvml.harness import AgentProcess, Lab, start_agent
+from tests.nvml.harness import AgentProcess, Lab, health, start_agent, unhealthy
 
 GPU = "nvidia.com/gpu"
 START_WAIT = 30.0
@@ -32,13 +32,10 @@ class Run:
     lab: Lab
 
     def health(self) -> dict[str, str]:
-        view = self.kubelet.resource(GPU)
-        if view is None or not view.connected:
-            return {}
-        return {i: s.health for i, s in view.devices.items()}
+        return health(self.kubelet)
 
     def unhealthy(self) -> set[str]:
-        return {i for i, h in self.health().items() if h != "Healthy"}
+        return unhealthy(self.kubelet)
 
     async def shows(self, unhealthy: set[int], within: float) -> float:
         """Seconds until exactly the GPUs at these indices are Unhealthy."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from agents.standin.kubelet import Kubelet
 from tests.nvml import state
 from tests.nvml.library import nvml_env
 from tests.nvml.state import NvmlNode
@@ -153,6 +154,18 @@ def start_agent(lab: Lab, plugin_dir: Path, stderr_path: Path, *args: str) -> Ag
             stderr=stderr,
         )
     return AgentProcess(process, started, stderr_path)
+
+
+def health(kubelet: Kubelet, resource: str = "nvidia.com/gpu") -> dict[str, str]:
+    """Device ID -> health as the kubelet last heard it ({} while not connected)."""
+    view = kubelet.resource(resource)
+    if view is None or not view.connected:
+        return {}
+    return {i: s.health for i, s in view.devices.items()}
+
+
+def unhealthy(kubelet: Kubelet, resource: str = "nvidia.com/gpu") -> set[str]:
+    return {i for i, h in health(kubelet, resource).items() if h != "Healthy"}
 
 
 def profile_numa(profile: str) -> dict[str, tuple[int, ...]]:

@@ -28,6 +28,11 @@ def code(call, *args):
 def run(node: NvmlNode, tmp_path: Path, script: str) -> str:
     state = tmp_path / "state"
     node.write(state)
+    return run_on(state, script)
+
+
+def run_on(state: Path, script: str) -> str:
+    """`script` (after PRELUDE) in a Python whose pynvml loads the library on `state`."""
     done = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
         env=nvml_env(state),
@@ -200,16 +205,8 @@ def test_xid_events_reach_registered_sets_once_and_only_after_registration(
     """
     node.xid(4, 79)
     (tmp_path / "state.next").write_text(node.render())
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(script)],
-        env=nvml_env(state),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["10", f"{node.gpus[4].uuid} 79 0xffffffff", "10"]
+    out = run_on(state, script)
+    assert out.splitlines() == ["10", f"{node.gpus[4].uuid} 79 0xffffffff", "10"]
 
 
 def test_nvswitch_links_answer_the_switch_type_and_bus_id(tmp_path: Path) -> None:
