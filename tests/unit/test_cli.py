@@ -47,3 +47,23 @@ def test_pod_resources_socket_defaults_to_the_kubelets_and_can_be_set() -> None:
     assert DEFAULT_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
     opts = parse_args(["run", "--pod-resources-socket", "/run/pr.sock"])
     assert opts.pod_resources_socket == Path("/run/pr.sock")
+
+
+def test_simulate_root_without_simulate_is_a_usage_error_of_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--simulate-root", "/var/lib/node-agent-sim"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: node-agent run ")
+    assert err.rstrip().endswith("--simulate-root: only with --simulate")
+
+
+def test_simulate_root_is_made_absolute_and_off_by_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert parse_args(["run", "--simulate", "h100-8gpu-8nic"]).simulate_root is None
+    monkeypatch.chdir(tmp_path)
+    opts = parse_args(["run", "--simulate", "h100-8gpu-8nic", "--simulate-root", "sim"])
+    assert opts.simulate_root == tmp_path / "sim"
