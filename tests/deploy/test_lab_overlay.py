@@ -17,6 +17,7 @@ SIM_ARGS = ["--simulate", "h100-8gpu-8nic", "--simulate-root", SIM_ROOT]
 
 
 def _volume(objs: list[Obj], name: str) -> Obj:
+    found: Obj
     (found,) = [v for v in pod_spec(objs)["volumes"] if v["name"] == name]
     return found
 
