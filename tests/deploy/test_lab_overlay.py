@@ -84,3 +84,10 @@ def test_lab_objects_match_the_strict_kubernetes_schema(version: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for obj in render(LAB):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_e2e_overlay_reads_the_simulated_node_from_the_hostpath() -> None:
+    # tests/e2e edits this file from a helper pod to inject faults.
+    args = agent_container(render("tests/e2e/overlay"))["args"]
+    assert args[-2:] == ["--simulate", f"{SIM_ROOT}/node.yaml"]
+    assert str(parse_args(args).simulate) == f"{SIM_ROOT}/node.yaml"
