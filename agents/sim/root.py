@@ -22,7 +22,9 @@ def sim_root(parent: Path | None, temp_parent: str | None = None) -> Iterator[Pa
     Without `parent`: a fresh directory under `temp_parent` (None: the temp dir). With
     it: `parent/node-agent-sim`, a fixed name so that the device paths a kubelet keeps
     for its containers are the same after the agent restarts; one left by a killed run
-    is replaced. `parent` is created when missing and removed only when created here.
+    is replaced, so one agent at a time may use a `parent` (a DaemonSet's rolling
+    update, without surge, stops the old pod first). `parent` is created when missing
+    and removed only when created here.
     """
     if parent is None:
         with tempfile.TemporaryDirectory(prefix=PREFIX, dir=temp_parent) as temp:
