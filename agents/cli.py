@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
     run.add_argument(
+        "--simulate-root",
+        type=lambda arg: Path(arg).absolute(),
+        metavar="DIR",
+        help="make the simulated node's tree and device nodes under DIR (created if missing), "
+        "so that device paths given to the kubelet exist there; in a pod, a hostPath at the "
+        "same path (default: a fresh temporary directory; only with --simulate)",
+    )
+    run.add_argument(
         "--families", metavar="gpu,roce", default="gpu,roce", help="families to run (default all)"
     )
     run.add_argument(
@@ -146,11 +154,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     opts, extra = parser.parse_known_args(argv)
     if extra:
-        commands = next(
-            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        ).choices
-        commands[opts.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    if getattr(opts, "simulate_root", None) and not opts.simulate:
+        _subparser(parser, "run").error("--simulate-root: only with --simulate")
     return opts
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    actions = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = next(actions).choices[command]
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +226,7 @@ async def _serve(
     loop.add_signal_handler(signal.SIGHUP, hup.set)
     plugin_dir: Path = opts.device_plugin_dir
     backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
-        simulated_backends(opts.simulate)
+        simulated_backends(opts.simulate, opts.simulate_root)
         if opts.simulate
         else contextlib.nullcontext(real_backends(config))
     )

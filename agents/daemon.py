@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,17 +68,21 @@ def sim_root_parent() -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def simulated_backends(node_file: Path) -> AsyncIterator[Backends]:
-    """A simulated node materialised in a temporary root for as long as the context lasts."""
+async def simulated_backends(
+    node_file: Path, root_parent: Path | None = None
+) -> AsyncIterator[Backends]:
+    """A simulated node materialised for as long as the context lasts: in a temporary root,
+    or in the agent's own subtree of `root_parent` (--simulate-root)."""
     from agents.hw.netlink import NetlinkMonitor
+    from agents.sim.root import sim_root
     from agents.sim.simnode import SimulatedNode  # the simulator: only for --simulate
 
     # Ours to close: the RoCE family closes its links when it ends, but a GPU-only
     # agent, or a node file that fails to load, never hands them to one.
     host_links = NetlinkMonitor()
     try:
-        with tempfile.TemporaryDirectory(prefix="node-agent-sim-", dir=sim_root_parent()) as root:
-            node = SimulatedNode(node_file, Path(root), host_links=host_links)
+        with sim_root(root_parent, sim_root_parent()) as root:
+            node = SimulatedNode(node_file, root, host_links=host_links)
             node.load()
             yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
     finally:

@@ -58,16 +58,32 @@ def instructions(text: str) -> list[Instruction]:
     return result
 
 
-def stages(text: str) -> list[Stage]:
-    result: list[Stage] = []
+def global_args(text: str) -> dict[str, str]:
+    """The ARGs before the first FROM, with their defaults: what FROM lines may name."""
+    found: dict[str, str] = {}
     for ins in instructions(text):
         if ins.keyword == "FROM":
-            words = [w for w in ins.args.split() if not w.startswith("--")]
+            break
+        if ins.keyword == "ARG":
+            name, _, default = ins.args.partition("=")
+            found[name] = default
+    return found
+
+
+def stages(text: str) -> list[Stage]:
+    """The stages, base images as a plain `build` names them (ARG defaults filled in)."""
+    result: list[Stage] = []
+    defaults = global_args(text)
+    for ins in instructions(text):
+        if ins.keyword == "FROM":
+            args = re.sub(r"\$\{(\w+)\}", lambda m: defaults.get(m[1], m[0]), ins.args)
+            words = [w for w in args.split() if not w.startswith("--")]
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
             result.append(Stage(words[0], name))
-        else:
-            assert result, f"{ins.keyword} before the first FROM"
+        elif result:
             result[-1].instructions.append(ins)
+        else:
+            assert ins.keyword == "ARG", f"{ins.keyword} before the first FROM"
     return result
 
 
@@ -79,6 +95,15 @@ def parsed() -> list[Stage]:
 def test_build_has_a_builder_stage_and_a_final_stage(parsed: list[Stage]) -> None:
     assert len(parsed) >= 2
     assert all(s.name for s in parsed[:-1]), "earlier stages are named, to copy from"
+
+
+def test_base_image_is_a_build_argument_whose_default_is_slim_python() -> None:
+    # hack/image builds on a Debian root filesystem made locally; every other build
+    # gets python:3.11-slim-bookworm, the same for both stages.
+    text = CONTAINERFILE.read_text()
+    assert global_args(text) == {"BASE": "python:3.11-slim-bookworm"}
+    froms = [i.args.split()[0] for i in instructions(text) if i.keyword == "FROM"]
+    assert froms == ["${BASE}", "${BASE}"]
 
 
 def test_every_base_image_is_pinned_by_tag_or_digest(parsed: list[Stage]) -> None:

@@ -1,169 +1,189 @@
-"""A real cluster through kubectl: the agent deployed as the DaemonSet of daemonset/base,
-with an overlay made here that adds only what a simulated node needs (--simulate,
---simulate-root with a hostPath at the same path, CAP_MKNOD), and pods that ask for its
-devices. The suite runs on the node itself (a single-node lab): it edits the simulated
-node's file and looks into the kubelet's device-plugin directory."""
+"""The cluster of KUBECONFIG through kubectl: objects as JSON, waits with deadlines, and
+a helper pod on the agent's node that reads and edits the host's files for the suite."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[2]
-NAMESPACE = "node-agents"
-DAEMONSET = "node-agent"
-GPU = "nvidia.com/gpu"
-NIC = "rdma/roce"
-SIM_DIR = Path(os.environ.get("E2E_SIM_DIR", "/var/lib/node-agent-sim"))
-NODE_FILE = SIM_DIR / "node.yaml"
-PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-IMAGE = os.environ.get("E2E_IMAGE", "localhost/node-agents:e2e")
-WORKLOAD_IMAGE = os.environ.get("E2E_WORKLOAD_IMAGE", "k8s.local/busybox:1.35")
-KUBECTL = os.environ.get("KUBECTL") or shutil.which("kubectl") or "kubectl"
+OVERLAY = REPO / "tests/e2e/overlay"
+AGENT_NS = "node-agents"
+AGENT_DS = "node-agent"
+AGENT_LABEL = "app.kubernetes.io/name=node-agent"
+SUITE_NS = "node-agents-e2e"
+SIM_DIR = "/var/lib/node-agent-sim"  # the lab's --simulate-root, a hostPath
+NODE_FILE = f"{SIM_DIR}/node.yaml"
+DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
+GPU, NIC = "nvidia.com/gpu", "rdma/roce"
+IMAGE = os.environ.get("NODE_AGENT_E2E_IMAGE", "localhost/node-agent:dev")
+
 T = TypeVar("T")
 
 
-class KubectlError(RuntimeError):
-    pass
-
-
-def kubectl(*args: str, stdin: str | None = None, timeout: float = 120) -> str:
-    done = subprocess.run(
-        [KUBECTL, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+def kubectl(*args: str, timeout: float = 120, check: bool = True, stdin: str | None = None) -> str:
+    out = subprocess.run(
+        ["kubectl", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
-    if done.returncode:
-        raise KubectlError(f"kubectl {' '.join(args)}: {done.stderr.strip()[-2000:]}")
-    return done.stdout
+    if check and out.returncode != 0:
+        raise AssertionError(f"kubectl {shlex.join(args)} failed:\n{out.stdout}{out.stderr}")
+    return out.stdout
 
 
-def kubectl_json(*args: str) -> Any:
-    return json.loads(kubectl(*args, "-o", "json"))
+def get(*args: str) -> Any:
+    return json.loads(kubectl("get", *args, "-o", "json"))
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
-    """Poll the cluster until `check` gives a truthy value (the API server is polled, no
-    thread is synchronised by time)."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except KubectlError as exc:
-            value, last = None, exc
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last})")
+def apply_objects(*objs: dict[str, Any]) -> None:
+    kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+    )
 
 
-def node_name() -> str:
-    names = kubectl("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}").split()
-    if len(names) != 1:
-        raise RuntimeError(f"the end-to-end suite needs a single-node cluster, got {names}")
-    return names[0]
+def poll(value: Callable[[], T | None], within: float, what: str, every: float = 0.5) -> T:
+    """The first truthy value() within the deadline; fails naming `what` otherwise."""
+    deadline = time.monotonic() + within
+    while True:
+        got = value()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within:.0f}s waiting for {what}")
+        time.sleep(every)  # the API server is asked at most twice a second
 
 
-def allocatable() -> dict[str, int]:
-    status = kubectl_json("get", "node", node_name())["status"]
-    return {r: int(status["allocatable"].get(r, 0)) for r in (GPU, NIC)}
+def allocatable(node: str) -> dict[str, int]:
+    status = get("node", node)["status"]
+    return {k: int(v) for k, v in status.get("allocatable", {}).items() if k in (GPU, NIC)}
 
 
-def overlay(directory: Path, node: str) -> Path:
-    """A kustomization over daemonset/base with only the simulated node's additions."""
-    directory.mkdir(parents=True, exist_ok=True)
-    base = os.path.relpath(REPO / "daemonset" / "base", directory)
-    name, _, tag = IMAGE.rpartition(":")
-    container = "/spec/template/spec/containers/0"
-    patch = [
-        {"op": "add", "path": f"{container}/args/-", "value": "--simulate"},
-        {"op": "add", "path": f"{container}/args/-", "value": str(NODE_FILE)},
-        {"op": "add", "path": f"{container}/args/-", "value": "--simulate-root"},
-        {"op": "add", "path": f"{container}/args/-", "value": str(SIM_DIR / "root")},
-        {"op": "add", "path": f"{container}/imagePullPolicy", "value": "Never"},
-        {
-            "op": "add",
-            "path": f"{container}/securityContext/capabilities/add",
-            "value": ["MKNOD"],
-        },
-        {
-            "op": "add",
-            "path": f"{container}/volumeMounts/-",
-            "value": {"name": "sim", "mountPath": str(SIM_DIR)},
-        },
-        {
-            "op": "add",
-            "path": "/spec/template/spec/volumes/-",
-            "value": {"name": "sim", "hostPath": {"path": str(SIM_DIR), "type": "Directory"}},
-        },
-    ]
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [base],
-        "images": [{"name": "ghcr.io/node-agents/node-agent", "newName": name, "newTag": tag}],
-        "patches": [
-            {"target": {"kind": "DaemonSet", "name": DAEMONSET}, "patch": json.dumps(patch)}
-        ],
-    }
-    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    return directory
+def capacity(node: str) -> dict[str, int]:
+    status = get("node", node)["status"]
+    return {k: int(v) for k, v in status.get("capacity", {}).items() if k in (GPU, NIC)}
 
 
-def write_node(doc: dict[str, Any]) -> None:
-    tmp = NODE_FILE.with_name(NODE_FILE.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
-    tmp.replace(NODE_FILE)
+def agent_pods(node: str) -> list[dict[str, Any]]:
+    pods = get(
+        "pods", "-n", AGENT_NS, "-l", AGENT_LABEL, "--field-selector", f"spec.nodeName={node}"
+    )
+    items: list[dict[str, Any]] = pods["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
-def pod_manifest(name: str, gpus: int, nics: int) -> str:
-    limits = {k: str(v) for k, v in ((GPU, gpus), (NIC, nics)) if v}
-    return json.dumps(
-        {
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def restart_count(pod: dict[str, Any]) -> int:
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return sum(int(s.get("restartCount", 0)) for s in statuses)
+
+
+def pod_phase(namespace: str, name: str) -> str:
+    pod = get("pod", "-n", namespace, name)
+    phase: str = pod["status"].get("phase", "")
+    return phase
+
+
+def exec_in(namespace: str, pod: str, *command: str, timeout: float = 60) -> str:
+    return kubectl("exec", "-n", namespace, pod, "--", *command, timeout=timeout)
+
+
+@dataclass
+class Helper:
+    """A pod on the agent's node with the host's simulator root (read-write), the
+    device-plugin directory and the cgroup tree (read-only), running the agent's image
+    for its Python and coreutils."""
+
+    node: str
+    name: str = "e2e-helper"
+
+    def manifest(self) -> dict[str, Any]:
+        mounts = [
+            ("sim", SIM_DIR, SIM_DIR, False, "DirectoryOrCreate"),
+            ("plugins", DEVICE_PLUGINS, "/host/device-plugins", True, "Directory"),
+            ("cgroup", "/sys/fs/cgroup", "/host/cgroup", True, "Directory"),
+        ]
+        return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": {"e2e": "node-agents"}},
+            "metadata": {"name": self.name, "namespace": SUITE_NS},
             "spec": {
-                "hostNetwork": True,
-                "terminationGracePeriodSeconds": 1,
+                "nodeName": self.node,
                 "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [{"operator": "Exists"}],
                 "containers": [
                     {
-                        "name": "main",
-                        "image": WORKLOAD_IMAGE,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["sleep", "3600"],
-                        "resources": {"limits": limits},
+                        "name": "helper",
+                        "image": IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "infinity"],
+                        "securityContext": {"runAsUser": 0},
+                        "volumeMounts": [
+                            {"name": n, "mountPath": inside, "readOnly": ro}
+                            for n, _, inside, ro, _ in mounts
+                        ],
                     }
+                ],
+                "volumes": [
+                    {"name": n, "hostPath": {"path": host, "type": kind}}
+                    for n, host, _, _, kind in mounts
                 ],
             },
         }
-    )
 
+    def start(self) -> None:
+        apply_objects(self.manifest())
+        poll(lambda: pod_phase(SUITE_NS, self.name) == "Running", 120, "the helper pod")
 
-def run_pod(name: str, gpus: int, nics: int, timeout: float = 120) -> dict[str, str]:
-    """Start a pod and wait until it runs; its environment."""
-    kubectl("apply", "-f", "-", stdin=pod_manifest(name, gpus, nics))
-    wait_for(
-        f"pod {name} running",
-        lambda: kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}") == "Running",
-        timeout,
-    )
-    env = kubectl("exec", name, "--", "env")
-    return dict(line.split("=", 1) for line in env.splitlines() if "=" in line)
+    def python(self, script: str, *args: str) -> str:
+        return exec_in(SUITE_NS, self.name, "python3", "-c", script, *args)
 
+    def write_node_file(self, text: str) -> None:
+        """Replace the node file atomically (a rename in its directory), as an edit."""
+        self.python(
+            "import os,sys;p=sys.argv[1];t=p+'.tmp';open(t,'w').write(sys.argv[2]);os.replace(t,p)",
+            NODE_FILE,
+            text,
+        )
 
-def delete_pods() -> None:
-    kubectl("delete", "pod", "-l", "e2e=node-agents", "--grace-period=1", "--wait=true")
+    def read_node_file(self) -> str:
+        return self.python("import sys;print(open(sys.argv[1]).read(),end='')", NODE_FILE)
 
+    def plugin_sockets(self) -> list[str]:
+        out = self.python("import os;print('\\n'.join(os.listdir('/host/device-plugins')))")
+        return sorted(n for n in out.split() if n.startswith("node-agent-") and n.endswith(".sock"))
 
-def agent_pods() -> list[dict[str, Any]]:
-    pods = kubectl_json("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=node-agent")
-    return list(pods["items"])
+    def sim_subtree_exists(self) -> bool:
+        out = self.python(f"import os;print(os.path.exists('{SIM_DIR}/node-agent-sim'))")
+        return out.strip() == "True"
+
+    def pod_memory_bytes(self, pod_uid: str) -> int | None:
+        """The memory the pod's cgroup charges (v2 memory.current, v1 usage_in_bytes)."""
+        script = (
+            "import os,sys\n"
+            "uid=sys.argv[1]\n"
+            "for top,dirs,files in os.walk('/host/cgroup'):\n"
+            "  base=os.path.basename(top)\n"
+            "  if uid in base or uid.replace('-','_') in base:\n"
+            "    for f in ('memory.current','memory.usage_in_bytes'):\n"
+            "      if f in files:\n"
+            "        print(open(os.path.join(top,f)).read().strip());sys.exit()\n"
+            "    dirs[:]=[]\n"
+        )
+        out = self.python(script, pod_uid).strip()
+        return int(out) if out else None

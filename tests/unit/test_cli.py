@@ -54,3 +54,23 @@ def test_kubeconfig_and_node_name_flags_are_read() -> None:
     assert (opts.kubeconfig, opts.node_name) == (Path("/etc/k.yaml"), "n7")
     opts = parse_args(["run"])
     assert (opts.kubeconfig, opts.node_name) == (None, None)
+
+
+def test_simulate_root_without_simulate_is_a_usage_error_of_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--simulate-root", "/var/lib/node-agent-sim"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: node-agent run ")
+    assert err.rstrip().endswith("--simulate-root: only with --simulate")
+
+
+def test_simulate_root_is_made_absolute_and_off_by_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert parse_args(["run", "--simulate", "h100-8gpu-8nic"]).simulate_root is None
+    monkeypatch.chdir(tmp_path)
+    opts = parse_args(["run", "--simulate", "h100-8gpu-8nic", "--simulate-root", "sim"])
+    assert opts.simulate_root == tmp_path / "sim"

@@ -1,0 +1,283 @@
+"""The agent on a real cluster, as the DaemonSet from the image: capacity on the Node,
+paired pods with their device nodes, the liveness probe, `rollout restart` and a kubelet
+restart in the middle of a workload, XID 79 and a link down lowering allocatable, and
+`kubectl delete -k` leaving no socket. The tests run in file order, on one deployment."""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.cluster import (
+    AGENT_DS,
+    AGENT_NS,
+    GPU,
+    IMAGE,
+    NIC,
+    OVERLAY,
+    SUITE_NS,
+    agent_pods,
+    allocatable,
+    apply_objects,
+    capacity,
+    exec_in,
+    kubectl,
+    pod_phase,
+    poll,
+    ready,
+    restart_count,
+)
+from tests.e2e.conftest import Deployment
+
+LIVENESS_WINDOW = 45.0  # initialDelaySeconds 10 + failureThreshold 3 x periodSeconds 10, and some
+FAULT_WITHIN = 30.0  # the file edit, the health loop, then the kubelet's node status update
+pytestmark = pytest.mark.timeout(900)
+
+
+@dataclass
+class Workload:
+    """A pod of the suite holding GPUs and NICs, with what it was given."""
+
+    name: str
+    gpus: list[str]
+    netdevs: list[str]
+    device_nodes: dict[str, str]  # path -> file type as stat prints it
+
+
+class Ledger:
+    """The suite's own count of SPEC section 8's rate: containers that asked for GPUs and
+    NICs when a fully paired choice existed among the free devices, and how many of
+    them got one. Free = not held by a running pod of the suite (the suite's pods are
+    the only ones asking for these resources on the node under test)."""
+
+    def __init__(self, pairs: dict[str, set[str]]) -> None:
+        self.pairs = pairs
+        self.held: dict[str, Workload] = {}
+        self.counted = 0
+        self.paired = 0
+
+    def paired_choice_exists(self, gpus: int) -> bool:
+        taken_gpus = {g for w in self.held.values() for g in w.gpus}
+        taken_nics = {n for w in self.held.values() for n in w.netdevs}
+        whole = [g for g in self.pairs if g not in taken_gpus and self.pairs[g] - taken_nics]
+        return len(whole) >= gpus
+
+    def is_paired(self, w: Workload) -> bool:
+        wanted = set().union(*(self.pairs[g] for g in w.gpus))
+        return set(w.netdevs) <= wanted and len(w.netdevs) == len(w.gpus)
+
+    def run(self, name: str, gpus: int = 2, nics: int = 2) -> Workload:
+        existed = self.paired_choice_exists(gpus)
+        w = start_workload(name, gpus, nics)
+        self.held[name] = w
+        if existed:
+            self.counted += 1
+            self.paired += self.is_paired(w)
+            assert self.is_paired(w), f"{name} unpaired although a pair was free: {w}"
+        return w
+
+    def end(self, name: str) -> None:
+        kubectl("delete", "pod", "-n", SUITE_NS, name, "--wait=true", "--grace-period=0")
+        self.held.pop(name)
+
+    def rate(self) -> str:
+        return f"{self.paired}/{self.counted}"
+
+
+def start_workload(name: str, gpus: int, nics: int) -> Workload:
+    apply_objects(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": SUITE_NS},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "tolerations": [{"operator": "Exists"}],
+                "nodeSelector": {"node-agents.io/gpu-node": "true"},
+                "containers": [
+                    {
+                        "name": "work",
+                        "image": IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "infinity"],
+                        "resources": {"limits": {GPU: str(gpus), NIC: str(nics)}},
+                    }
+                ],
+            },
+        }
+    )
+    poll(lambda: pod_phase(SUITE_NS, name) == "Running", 120, f"{name} Running")
+    env = dict(
+        line.split("=", 1)
+        for line in exec_in(SUITE_NS, name, "printenv").splitlines()
+        if "=" in line
+    )
+    stat = exec_in(SUITE_NS, name, "sh", "-c", "stat -c '%n|%F' /dev/infiniband/*")
+    nodes = dict(line.split("|", 1) for line in stat.splitlines())
+    return Workload(
+        name,
+        env["NVIDIA_VISIBLE_DEVICES"].split(","),
+        env["RDMA_NETDEVS"].split(","),
+        nodes,
+    )
+
+
+@pytest.fixture(scope="module")
+def ledger(pairs: dict[str, set[str]], deployment: Deployment) -> Iterator[Ledger]:
+    book = Ledger(pairs)
+    yield book
+    deployment.figures["pods paired (SPEC 8)"] = book.rate()
+
+
+def the_agent(deployment: Deployment) -> dict[str, Any]:
+    (pod,) = agent_pods(deployment.node)
+    return pod
+
+
+def test_the_node_shows_8_gpus_and_8_nics_in_capacity_and_allocatable(
+    deployment: Deployment,
+) -> None:
+    assert capacity(deployment.node) == {GPU: 8, NIC: 8}
+    assert allocatable(deployment.node) == {GPU: 8, NIC: 8}
+
+
+def test_the_liveness_probe_passes_and_healthz_answers(deployment: Deployment) -> None:
+    pod = the_agent(deployment)
+    started = pod["status"]["startTime"]
+    poll(
+        lambda: time.time() - _epoch(started) > LIVENESS_WINDOW,
+        LIVENESS_WINDOW + 10,
+        "the probe's failure window",
+        every=2,
+    )
+    pod = the_agent(deployment)
+    assert ready(pod) and restart_count(pod) == 0
+    url = f"http://{pod['status']['podIP']}:9400/healthz"
+    code = exec_in(
+        AGENT_NS,
+        pod["metadata"]["name"],
+        "python3",
+        "-c",
+        f"import urllib.request as u;print(u.urlopen('{url}').status)",
+    )
+    assert code.strip() == "200"
+    memory = deployment.helper.pod_memory_bytes(pod["metadata"]["uid"])
+    deployment.figures["agent pod memory (cgroup)"] = (
+        f"{memory / 2**20:.0f} MiB" if memory else "cgroup not found"
+    )
+
+
+def test_pods_of_gpus_and_nics_run_paired_with_their_device_nodes(ledger: Ledger) -> None:
+    for i in range(2):
+        w = ledger.run(f"pair-{i}")
+        uverbs = {p for p in w.device_nodes if "uverbs" in p}
+        assert len(uverbs) == 2 and "/dev/infiniband/rdma_cm" in w.device_nodes
+        assert set(w.device_nodes.values()) == {"character special file"}, w.device_nodes
+
+
+def test_rollout_restart_mid_workload_keeps_pods_and_pairs_the_next(
+    deployment: Deployment, ledger: Ledger
+) -> None:
+    before = the_agent(deployment)["metadata"]["uid"]
+    started = time.monotonic()
+    kubectl("rollout", "restart", f"daemonset/{AGENT_DS}", "-n", AGENT_NS)
+    kubectl(
+        "rollout", "status", f"daemonset/{AGENT_DS}", "-n", AGENT_NS, "--timeout=180s", timeout=200
+    )
+    poll(
+        lambda: (
+            [p for p in agent_pods(deployment.node) if p["metadata"]["uid"] != before and ready(p)]
+            and allocatable(deployment.node) == {GPU: 8, NIC: 8}
+        ),
+        120,
+        "the new agent registered",
+    )
+    deployment.figures["rollout restart -> allocatable"] = f"{time.monotonic() - started:.1f} s"
+    for name in list(ledger.held):
+        assert pod_phase(SUITE_NS, name) == "Running", name
+    # The new agent knows the held devices from the kubelet (pod-resources, read-only
+    # mount), so the next pod gets a whole pair among the free ones.
+    ledger.run("after-rollout")
+    logs = kubectl("logs", "-n", AGENT_NS, the_agent(deployment)["metadata"]["name"])
+    assert "pod_resources_unavailable" not in logs
+
+
+def test_kubelet_restart_mid_workload_registers_again_and_pairs_the_next(
+    deployment: Deployment, ledger: Ledger
+) -> None:
+    command = os.environ.get("NODE_AGENT_E2E_RESTART_KUBELET")
+    if not command:
+        pytest.skip("set NODE_AGENT_E2E_RESTART_KUBELET to a command that restarts the kubelet")
+    agent = the_agent(deployment)
+    subprocess.run(command, shell=True, check=True, timeout=300)
+    poll(lambda: allocatable(deployment.node) == {GPU: 8, NIC: 8}, 180, "8 and 8 again")
+    after = the_agent(deployment)
+    assert after["metadata"]["uid"] == agent["metadata"]["uid"]
+    assert restart_count(after) == restart_count(agent)
+    for name in list(ledger.held):
+        assert pod_phase(SUITE_NS, name) == "Running", name
+    ledger.run("after-kubelet-restart")
+
+
+def _edit(deployment: Deployment, change: Any) -> None:
+    doc = yaml.safe_load(deployment.helper.read_node_file())
+    change(doc)
+    deployment.helper.write_node_file(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_xid_79_and_a_link_down_lower_allocatable_and_recover(
+    deployment: Deployment, ledger: Ledger
+) -> None:
+    node = deployment.node
+    for name in list(ledger.held):
+        ledger.end(name)
+    started = time.monotonic()
+    _edit(deployment, lambda d: d["gpus"][3]["xids"].append(79))
+    poll(lambda: allocatable(node).get(GPU) == 7, FAULT_WITHIN, "allocatable GPUs 7")
+    deployment.figures["XID 79 -> allocatable"] = f"{time.monotonic() - started:.1f} s"
+    started = time.monotonic()
+    _edit(deployment, lambda d: d["nics"][5].update(link="down"))
+    poll(lambda: allocatable(node).get(NIC) == 7, FAULT_WITHIN, "allocatable NICs 7")
+    deployment.figures["link down -> allocatable"] = f"{time.monotonic() - started:.1f} s"
+    # A reset, as on a real node: the GPU leaves the bus (the agent says so) and answers
+    # again.
+    uuid = yaml.safe_load(deployment.node_text)["gpus"][3]["uuid"]
+    _edit(deployment, lambda d: d["gpus"][3].update(xids=[], lost=True))
+    poll(lambda: _logged_lost(deployment, uuid), FAULT_WITHIN, f"{uuid} lost in the log")
+    _edit(deployment, lambda d: (d["gpus"][3].update(lost=False), d["nics"][5].update(link="up")))
+    poll(lambda: allocatable(node) == {GPU: 8, NIC: 8}, FAULT_WITHIN, "8 and 8 again")
+
+
+def _logged_lost(deployment: Deployment, uuid: str) -> bool:
+    pod = the_agent(deployment)["metadata"]["name"]
+    for line in kubectl("logs", "-n", AGENT_NS, pod).splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        wanted = {"event": "device_unhealthy", "gpu": uuid, "reason": "lost"}
+        if wanted.items() <= event.items():
+            return True
+    return False
+
+
+def test_delete_leaves_no_socket_and_no_simulated_tree(deployment: Deployment) -> None:
+    kubectl("delete", "-k", str(OVERLAY), "--wait=true", timeout=300)
+    deployment.deleted = True
+    poll(lambda: not agent_pods(deployment.node), 120, "the agent pod gone")
+    assert deployment.helper.plugin_sockets() == []
+    assert not deployment.helper.sim_subtree_exists()
+
+
+def _epoch(rfc3339: str) -> float:
+    return calendar.timegm(time.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ"))
