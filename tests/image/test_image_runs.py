@@ -22,6 +22,8 @@ from agents.sim.root import SUBTREE
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.deploy.manifests import Obj, agent_container, flag, render
 from tests.image.podman import PodRun, build_image, container_state, logs, podman
+from tests.nvml.library import STATE_ENV, build
+from tests.nvml.state import from_profile
 
 LAB = "daemonset/lab"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
@@ -40,14 +42,21 @@ def image() -> str:
     return build_image(BUILD_WITHIN)
 
 
-@pytest.fixture(params=[None], ids=["simulated"])
-def nvml_lib(request: pytest.FixtureRequest) -> Path | None:
-    """A host directory holding a libnvidia-ml.so.1 for the real NVML backend, or None
-    for the simulated node. A test NVML library built by the suite goes in as a second
-    param: it is mounted read-only at /opt/nvml with LD_LIBRARY_PATH pointing there, and
-    the base DaemonSet runs instead of the lab overlay (see `pod_run`)."""
-    lib: Path | None = request.param
-    return lib
+@pytest.fixture(params=[None, "own"], ids=["simulated", "real-nvml"])
+def nvml_lib(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """None for the simulated node; or a host directory holding the project's test
+    libnvidia-ml.so.1 (tests/nvml) and its state file (the H100 profile), for the real NVML
+    backend: mounted read-only at /opt/nvml with LD_LIBRARY_PATH pointing there, and the
+    base DaemonSet runs instead of the lab overlay (see `pod_run`). That runs the image's
+    own Python, pynvml and libc over it."""
+    if request.param is None:
+        return None
+    directory = tmp_path / "nvml"
+    directory.mkdir()
+    shutil.copy2(build() / "libnvidia-ml.so.1", directory / "libnvidia-ml.so.1")
+    from_profile("h100").write(directory / "state")
+    directory.chmod(0o755)
+    return directory
 
 
 @pytest.fixture
@@ -91,7 +100,12 @@ def pod_run(
     run = PodRun(render("daemonset"), image, host_dirs, tmp_path)
     run.mounts.append(f"{nvml_lib}:/opt/nvml:ro")
     run.env["LD_LIBRARY_PATH"] = "/opt/nvml"
+    run.env[STATE_ENV] = "/opt/nvml/state"
     return run
+
+
+def k_allocatable(kubelet: Kubelet) -> int:
+    return int(kubelet.allocatable().get(GPU, 0))
 
 
 def objs_args(objs: list[Obj]) -> list[str]:
@@ -142,6 +156,10 @@ async def test_the_image_registers_allocates_and_stops_as_the_daemonset_runs_it(
     limits = {GPU: 2} if nvml_lib is not None else {GPU: 2, NIC: 2}
     got = (await standin.admit(Pod("p", [Container("c", limits)]))).containers["c"]
     assert len(got.devices[GPU]) == 2
+    if nvml_lib is not None:  # the H100 profile's GPUs, as NVML named them
+        assert k_allocatable(standin) == 8
+        visible = got.responses[GPU].envs["NVIDIA_VISIBLE_DEVICES"].split(",")
+        assert all(v.startswith("GPU-01000100-") for v in visible), visible
     if nvml_lib is None:
         _assert_device_nodes_on_the_host(got.responses[NIC].devices, host_dirs[SIM_ROOT])
 
