@@ -132,8 +132,8 @@ def _security(ctx: Obj) -> list[str]:
 
 
 def build_image(timeout: float) -> str:
-    """The image to run: $NODE_AGENT_IMAGE if set, else hack/image builds it (its layer
-    cache makes a second build in one run take seconds)."""
+    """The image to run: $NODE_AGENT_IMAGE if set, else hack/image builds it from this
+    tree."""
     given = os.environ.get(IMAGE_ENV)
     if given:
         podman("image", "exists", given)
@@ -149,6 +149,24 @@ def build_image(timeout: float) -> str:
     )
     assert out.returncode == 0, f"hack/image failed:\n{out.stdout}{out.stderr}"
     return IMAGE
+
+
+def run_once(image: str, *command: str, timeout: float = 60) -> str:
+    """The output of `command` in a throwaway container of the image (no network)."""
+    limits = ("--ulimit", f"nofile={_NOFILE}:{_NOFILE}", "--ulimit", f"nproc={_NPROC}:{_NPROC}")
+    entrypoint, *args = command
+    return podman(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        *limits,
+        "--entrypoint",
+        entrypoint,
+        image,
+        *args,
+        timeout=timeout,
+    )
 
 
 def logs(name: str) -> str:

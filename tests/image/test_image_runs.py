@@ -6,7 +6,9 @@ It registers, answers Allocate with device nodes that exist on the host, serves
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import os
 import shutil
 import stat
@@ -21,7 +23,7 @@ import pytest
 from agents.sim.root import SUBTREE
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.deploy.manifests import Obj, agent_container, flag, render
-from tests.image.podman import PodRun, build_image, container_state, logs, podman
+from tests.image.podman import REPO, PodRun, build_image, container_state, logs, podman, run_once
 from tests.nvml.library import STATE_ENV, build
 from tests.nvml.state import from_profile
 
@@ -191,6 +193,30 @@ def _assert_device_nodes_on_the_host(specs: Sequence[Any], sim_root: Path) -> No
         assert host_path == f"{sim_root}/{SUBTREE}{container_path}"
         # A character device, made in the container (CAP_MKNOD), real on the host.
         assert stat.S_ISCHR(os.lstat(host_path).st_mode), host_path
+
+
+# Every module of the installed package with its digest, as the image holds it.
+_INSTALLED_DIGESTS = """
+import hashlib, json, pathlib, agents
+root = pathlib.Path(agents.__file__).parent
+print(json.dumps({str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                  for p in root.rglob("*.py")}))
+"""
+
+
+@pytest.mark.timeout(BUILD_WITHIN + 60)
+def test_the_image_holds_this_trees_code(image: str) -> None:
+    """An image that kept an older build (a stale cached step) would pass every other
+    test here on old code: the installed package must be this tree's, file for file."""
+    tree = REPO / "agents"
+    want = {
+        str(p.relative_to(tree)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in tree.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+    got = json.loads(run_once(image, "python3", "-c", _INSTALLED_DIGESTS))
+    assert sorted(set(want) ^ set(got)) == []
+    assert sorted(k for k in want if want[k] != got[k]) == []
 
 
 def test_lab_overlay_names_the_simulated_node_the_image_bundles() -> None:
