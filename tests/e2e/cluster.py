@@ -123,6 +123,7 @@ class Helper:
             "metadata": {"name": self.name, "namespace": SUITE_NS},
             "spec": {
                 "nodeName": self.node,
+                "hostNetwork": True,
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 0,
                 "tolerations": [{"operator": "Exists"}],

@@ -100,6 +100,9 @@ def start_workload(name: str, gpus: int, nics: int) -> Workload:
             "kind": "Pod",
             "metadata": {"name": name, "namespace": SUITE_NS},
             "spec": {
+                # The host's network namespace, as RoCE workloads commonly run (and
+                # the only network some lab clusters have).
+                "hostNetwork": True,
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 0,
                 "tolerations": [{"operator": "Exists"}],
