@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
-OVERLAY = REPO / "tests/e2e/overlay"
+# A cluster that needs something of its own (e.g. the service-account token volume where
+# the API server lacks its admission plugin) names a kustomization built on this one.
+OVERLAY = Path(os.environ.get("NODE_AGENT_E2E_OVERLAY") or REPO / "tests/e2e/overlay")
 AGENT_NS = "node-agents"
 AGENT_DS = "node-agent"
 AGENT_LABEL = "app.kubernetes.io/name=node-agent"

@@ -30,6 +30,7 @@ from tests.e2e.cluster import (
     apply_objects,
     capacity,
     exec_in,
+    get,
     kubectl,
     pod_phase,
     poll,
@@ -272,6 +273,122 @@ def _logged_lost(deployment: Deployment, uuid: str) -> bool:
         if wanted.items() <= event.items():
             return True
     return False
+
+
+def _agent_events(node: str) -> list[dict[str, Any]]:
+    """The agent's Events on the Node, as `kubectl describe node` finds them."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node},source=node-agent"
+    items: list[dict[str, Any]] = get("events", "-n", "default", "--field-selector", selector)[
+        "items"
+    ]
+    return items
+
+
+Counts = dict[str, int]  # Event name -> its count
+
+
+def _counts(node: str) -> Counts:
+    return {e["metadata"]["name"]: int(e.get("count") or 1) for e in _agent_events(node)}
+
+
+def _counted(node: str, reason: str, needle: str, before: Counts) -> tuple[int, int]:
+    """(Event objects, summed count) of one reason whose message holds `needle`, counting
+    only what came after `before` (Events of earlier runs live on for an hour)."""
+    grown = [
+        int(e.get("count") or 1) - before.get(e["metadata"]["name"], 0)
+        for e in _agent_events(node)
+        if e["reason"] == reason and needle in e["message"]
+    ]
+    grown = [g for g in grown if g > 0]
+    return len(grown), sum(grown)
+
+
+def _condition(node: str) -> dict[str, Any] | None:
+    for c in get("node", node)["status"].get("conditions", []):
+        if c["type"] == "DevicesHealthy":
+            found: dict[str, Any] = c
+            return found
+    return None
+
+
+def test_faults_reach_the_cluster_as_events_and_the_devices_healthy_condition(
+    deployment: Deployment,
+) -> None:
+    """SPEC section 9 on a real API server: XID 79 -> a Warning Event naming the GPU and
+    the XID within 2 s of the fault (the kubelet cannot have seen it earlier), the
+    condition False naming it; a reset -> a Normal Event, the condition True; 20 link
+    flaps -> a few Event objects whose counts add up to 20 each way."""
+    node = deployment.node
+    doc = yaml.safe_load(deployment.node_text)
+    uuid, netdev = doc["gpus"][2]["uuid"], doc["nics"][6]["netdev"]
+    poll(lambda: (_condition(node) or {}).get("status") == "True", 60, "DevicesHealthy True")
+    before = _counts(node)
+
+    started = time.monotonic()
+    _edit(deployment, lambda d: d["gpus"][2]["xids"].append(79))
+    poll(
+        lambda: _counted(node, "DeviceUnhealthy", uuid, before)[1] >= 1,
+        FAULT_WITHIN,
+        f"a Warning Event for {uuid}",
+        every=0.05,
+    )
+    event_s = time.monotonic() - started
+    (warning,) = [
+        e
+        for e in _agent_events(node)
+        if uuid in e["message"] and e["metadata"]["name"] not in before
+    ]
+    assert warning["type"] == "Warning" and "XID 79 (fell off the bus)" in warning["message"]
+    poll(lambda: allocatable(node).get(GPU) == 7, FAULT_WITHIN, "allocatable GPUs 7")
+
+    def names_it() -> bool:
+        c = _condition(node) or {}
+        return c.get("status") == "False" and uuid in c.get("message", "")
+
+    poll(names_it, FAULT_WITHIN, f"DevicesHealthy False naming {uuid}")
+    condition_s = time.monotonic() - started
+    deployment.figures["XID 79 -> Warning Event on the Node"] = f"{event_s:.2f} s"
+    deployment.figures["XID 79 -> DevicesHealthy False"] = f"{condition_s:.2f} s"
+    assert event_s <= 2.0, f"the Warning Event came {event_s:.2f} s after the fault"
+
+    # The reset: the GPU leaves the bus and answers again, its XID gone.
+    _edit(deployment, lambda d: d["gpus"][2].update(xids=[], lost=True))
+    poll(lambda: _logged_lost(deployment, uuid), FAULT_WITHIN, f"{uuid} lost in the log")
+    _edit(deployment, lambda d: d["gpus"][2].update(lost=False))
+    poll(
+        lambda: _counted(node, "DeviceHealthy", uuid, before)[1] >= 1,
+        FAULT_WITHIN,
+        f"a Normal Event for {uuid}",
+    )
+    poll(lambda: (_condition(node) or {}).get("status") == "True", FAULT_WITHIN, "True again")
+    poll(lambda: allocatable(node).get(GPU) == 8, FAULT_WITHIN, "allocatable GPUs 8")
+
+    needle = f"(interface {netdev})"
+    for flap in range(1, 21):
+        for link, reason in (("down", "DeviceUnhealthy"), ("up", "DeviceHealthy")):
+            _set_link(deployment, 6, link)
+            _wait_counted(node, reason, needle, flap, before)
+    down = _counted(node, "DeviceUnhealthy", needle, before)
+    up = _counted(node, "DeviceHealthy", needle, before)
+    deployment.figures["20 link flaps -> Event objects (count)"] = (
+        f"{down[0]} Warning ({down[1]}) + {up[0]} Normal ({up[1]})"
+    )
+    assert down[1] == 20 and up[1] == 20, (down, up)
+    assert down[0] + up[0] <= 4, (down, up)
+    poll(lambda: (_condition(node) or {}).get("status") == "True", FAULT_WITHIN, "True at the end")
+
+
+def _set_link(deployment: Deployment, nic: int, link: str) -> None:
+    _edit(deployment, lambda d: d["nics"][nic].update(link=link))
+
+
+def _wait_counted(node: str, reason: str, needle: str, times: int, before: Counts) -> None:
+    poll(
+        lambda: _counted(node, reason, needle, before)[1] >= times,
+        FAULT_WITHIN,
+        f"{reason} counted {times} times for {needle}",
+        every=0.1,
+    )
 
 
 def test_delete_leaves_no_socket_and_no_simulated_tree(deployment: Deployment) -> None:
