@@ -12,8 +12,16 @@
  *   system  driver=... nvml=... cuda=12040
  *   gpu     index= uuid= name= serial= bus= pci_device_id= memory= minor= numa=
  *           arch= cc= mig_capable= mig= ecc= ecc_uncorrected= lost= error= hang_ms=
+ *           bridge= bridge_numa=                  (the PCIe host bridge above the GPU
+ *                                                  and that bridge's NUMA node)
  *   link    gpu= link= type= bus=                 (an active NVLink)
+ *   gip     gpu= profile= id= slices= instances= memory_mib= sm=
+ *                                                 (a GPU instance profile the GPU offers,
+ *                                                  by its NVML_GPU_INSTANCE_PROFILE_* index)
  *   mig     gpu= slot= uuid= gi= ci= gi_slices= ci_slices= memory_mib= sm=
+ *           gi_profile= ci_profile= start= size=  (one GPU instance holding one compute
+ *                                                  instance; profiles by index, placement
+ *                                                  in memory slices)
  *   fail    gpu= call= code=                      (that call about that GPU fails so)
  *   event   id= gpu= type= data= gi= ci=          (delivered once, to the event sets
  *                                                  registered when it first appears)
@@ -45,7 +53,13 @@
 struct mig {
     int present;
     char uuid[TEXT];
-    unsigned gi, ci, gi_slices, ci_slices, sm;
+    unsigned gi, ci, gi_slices, ci_slices, sm, gi_profile, ci_profile, start, size;
+    unsigned long long memory_mib;
+};
+
+struct gip {
+    int present;
+    unsigned id, slices, instances, sm;
     unsigned long long memory_mib;
 };
 
@@ -56,12 +70,13 @@ struct link {
 };
 
 struct gpu {
-    char uuid[TEXT], name[TEXT], serial[TEXT], bus[TEXT];
+    char uuid[TEXT], name[TEXT], serial[TEXT], bus[TEXT], bridge[TEXT];
     unsigned pci_device_id, minor, arch, cc, mig_capable, mig, ecc, lost, error, hang_ms;
-    int numa;
+    int numa, bridge_numa;
     unsigned long long memory, ecc_uncorrected;
     struct link links[MAX_LINKS];
     struct mig migs[MAX_MIGS];
+    struct gip gips[NVML_GPU_INSTANCE_PROFILE_COUNT];
 };
 
 struct fail {
@@ -107,6 +122,8 @@ static unsigned long long g_last_event;
 static unsigned g_inits;
 static struct handle g_gpu_handles[MAX_GPUS];
 static struct handle g_mig_handles[MAX_GPUS][MAX_MIGS];
+static struct handle g_gi_handles[MAX_GPUS][MAX_MIGS]; /* the GPU instance of each */
+static struct handle g_ci_handles[MAX_GPUS][MAX_MIGS]; /* and its compute instance */
 static struct set g_sets[MAX_SETS];
 
 __attribute__((constructor)) static void make_handles(void)
@@ -114,7 +131,8 @@ __attribute__((constructor)) static void make_handles(void)
     for (unsigned i = 0; i < MAX_GPUS; i++) {
         g_gpu_handles[i] = (struct handle){i, -1};
         for (int s = 0; s < MAX_MIGS; s++)
-            g_mig_handles[i][s] = (struct handle){i, s};
+            g_mig_handles[i][s] = g_gi_handles[i][s] = g_ci_handles[i][s] =
+                (struct handle){i, s};
     }
 }
 
@@ -164,6 +182,8 @@ static void parse_gpu(struct state *s, char **f, int n)
     g->lost = (unsigned)number(f, n, "lost", 0);
     g->error = (unsigned)number(f, n, "error", 0);
     g->hang_ms = (unsigned)number(f, n, "hang_ms", 0);
+    copy(g->bridge, f, n, "bridge");
+    g->bridge_numa = (int)(long long)number(f, n, "bridge_numa", (unsigned long long)-1);
     if (i + 1 > s->count)
         s->count = i + 1;
 }
@@ -205,6 +225,21 @@ static void parse_line(struct state *s, char *line)
             m->ci_slices = (unsigned)number(fields, n, "ci_slices", m->gi_slices);
             m->sm = (unsigned)number(fields, n, "sm", 16);
             m->memory_mib = number(fields, n, "memory_mib", 0);
+            m->gi_profile = (unsigned)number(fields, n, "gi_profile", 0);
+            m->ci_profile = (unsigned)number(fields, n, "ci_profile", 0);
+            m->start = (unsigned)number(fields, n, "start", 0);
+            m->size = (unsigned)number(fields, n, "size", m->gi_slices);
+        }
+    } else if (strcmp(kind, "gip") == 0 && gpu < MAX_GPUS) {
+        unsigned p = (unsigned)number(fields, n, "profile", NVML_GPU_INSTANCE_PROFILE_COUNT);
+        if (p < NVML_GPU_INSTANCE_PROFILE_COUNT) {
+            struct gip *g = &s->gpus[gpu].gips[p];
+            g->present = 1;
+            g->id = (unsigned)number(fields, n, "id", 0);
+            g->slices = (unsigned)number(fields, n, "slices", 1);
+            g->instances = (unsigned)number(fields, n, "instances", 1);
+            g->sm = (unsigned)number(fields, n, "sm", 16);
+            g->memory_mib = number(fields, n, "memory_mib", 0);
         }
     } else if (strcmp(kind, "fail") == 0 && s->nfails < MAX_FAILS) {
         struct fail *x = &s->fails[s->nfails++];
@@ -773,6 +808,57 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned i
     return leave(NVML_SUCCESS);
 }
 
+/* ---- PCIe topology ----------------------------------------------------------------- */
+
+/* The state knows the host bridge above each GPU and that bridge's NUMA node, not the
+ * PCIe switches below it, so the nearest level it can vouch for is
+ * NVML_TOPOLOGY_HOSTBRIDGE ("all devices that are connected to the same host bridge");
+ * then NVML_TOPOLOGY_NODE ("connected to the same NUMA node but possibly multiple host
+ * bridges") and NVML_TOPOLOGY_SYSTEM ("all devices in the system"), which holds for any
+ * two GPUs and is the answer where the state says nothing. A GPU with itself shares its
+ * board: NVML_TOPOLOGY_INTERNAL. A MIG device is not a PCIe device: NOT_SUPPORTED. */
+struct place {
+    unsigned gpu;
+    int numa;
+    char bridge[TEXT];
+};
+
+static nvmlReturn_t place_of(nvmlDevice_t device, struct place *out)
+{
+    const struct handle *h = NULL;
+    nvmlReturn_t ret = enter(device, "nvmlDeviceGetTopologyCommonAncestor", &h);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (h->slot >= 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    out->gpu = h->gpu;
+    out->numa = gpu_of(h)->bridge_numa;
+    memcpy(out->bridge, gpu_of(h)->bridge, TEXT);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                 nvmlGpuTopologyLevel_t *pathInfo)
+{
+    if (!pathInfo)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct place a, b;
+    nvmlReturn_t ret = place_of(device1, &a);
+    if (ret == NVML_SUCCESS)
+        ret = place_of(device2, &b);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (a.gpu == b.gpu)
+        *pathInfo = NVML_TOPOLOGY_INTERNAL;
+    else if (a.bridge[0] && strcmp(a.bridge, b.bridge) == 0)
+        *pathInfo = NVML_TOPOLOGY_HOSTBRIDGE;
+    else if (a.numa >= 0 && a.numa == b.numa)
+        *pathInfo = NVML_TOPOLOGY_NODE;
+    else
+        *pathInfo = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
 /* ---- MIG --------------------------------------------------------------------------- */
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
@@ -884,6 +970,153 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttribute
     }
     attributes->sharedCopyEngineCount = 1;
     return leave(NVML_SUCCESS);
+}
+
+/* ---- GPU and compute instances ----------------------------------------------------- */
+
+/* Each MIG device of the state is one GPU instance holding one compute instance. A GPU or
+ * compute instance handle answers through the MIG device it backs: the checks of every
+ * call about that device (GPU lost, MIG off, instance gone: INVALID_ARGUMENT). */
+static nvmlReturn_t enter_instance(const void *instance, struct handle (*base)[MAX_MIGS],
+                                   const char *call, const struct handle **out)
+{
+    const struct handle *h = instance, *first = &base[0][0];
+    if (!h || h < first || h >= first + MAX_GPUS * MAX_MIGS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return enter((nvmlDevice_t)&g_mig_handles[h->gpu][h->slot], call, out);
+}
+
+/* Documented: NOT_SUPPORTED "If device doesn't support MIG or profile isn't supported";
+ * INVALID_ARGUMENT for an invalid profile, which ends an enumeration from 0. The
+ * profiles a GPU offers are the state's gip records: immutable while MIG mode lasts. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t device, unsigned int profile,
+                                                 nvmlGpuInstanceProfileInfo_t *info)
+{
+    if (!info || profile >= NVML_GPU_INSTANCE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    const struct gip *p = &gpu_of(h)->gips[profile];
+    if (h->slot >= 0 || !gpu_of(h)->mig_capable || !p->present)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(info, 0, sizeof *info);
+    info->id = p->id;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->slices; /* one per slice; media engines not modelled */
+    info->memorySizeMB = p->memory_mib;
+    return leave(NVML_SUCCESS);
+}
+
+/* Documented: NOT_SUPPORTED "If device doesn't have MIG mode enabled", NOT_FOUND "If the
+ * GPU instance is not found". A MIG device has no GPU instances of its own. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id,
+                                          nvmlGpuInstance_t *gpuInstance)
+{
+    if (!gpuInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    const struct gpu *g = gpu_of(h);
+    if (h->slot >= 0 || !g->mig_capable || !g->mig)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    for (int s = 0; s < MAX_MIGS; s++)
+        if (g->migs[s].present && g->migs[s].gi == id) {
+            *gpuInstance = (nvmlGpuInstance_t)&g_gi_handles[h->gpu][s];
+            return leave(NVML_SUCCESS);
+        }
+    return leave(NVML_ERROR_NOT_FOUND);
+}
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct handle *h = NULL;
+    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    const struct mig *m = mig_of(h);
+    memset(info, 0, sizeof *info);
+    info->device = (nvmlDevice_t)&g_gpu_handles[h->gpu];
+    info->id = m->gi;
+    info->profileId = gpu_of(h)->gips[m->gi_profile % NVML_GPU_INSTANCE_PROFILE_COUNT].id;
+    info->placement.start = m->start;
+    info->placement.size = m->size;
+    return leave(NVML_SUCCESS);
+}
+
+/* Compute slices of each NVML_COMPUTE_INSTANCE_PROFILE_*; 0: a kind this library does not
+ * offer (8 and 6 slices, rev1, NVL). A profile's ID is its index, as the driver gives. */
+static const unsigned CI_SLICES[NVML_COMPUTE_INSTANCE_PROFILE_COUNT] = {1, 2, 3, 4, 7};
+
+/* Documented: INVALID_ARGUMENT for an invalid profile or engProfile; NOT_SUPPORTED "If
+ * profile isn't supported": here, one wider than the GPU instance. */
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuInstance,
+                                                          unsigned int profile,
+                                                          unsigned int engProfile,
+                                                          nvmlComputeInstanceProfileInfo_t *info)
+{
+    if (!info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
+        engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct handle *h = NULL;
+    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    const struct mig *m = mig_of(h);
+    unsigned slices = CI_SLICES[profile];
+    if (!slices || slices > m->gi_slices)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    memset(info, 0, sizeof *info);
+    info->id = profile;
+    info->sliceCount = slices;
+    info->instanceCount = m->gi_slices / slices;
+    info->multiprocessorCount = m->sm / (m->ci_slices ? m->ci_slices : 1) * slices;
+    info->sharedCopyEngineCount = m->gi_slices;
+    return leave(NVML_SUCCESS);
+}
+
+/* Documented: NOT_FOUND "If the compute instance is not found". */
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance, unsigned int id,
+                                                   nvmlComputeInstance_t *computeInstance)
+{
+    if (!computeInstance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct handle *h = NULL;
+    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    if (mig_of(h)->ci != id)
+        return leave(NVML_ERROR_NOT_FOUND);
+    *computeInstance = (nvmlComputeInstance_t)&g_ci_handles[h->gpu][h->slot];
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance,
+                                           nvmlComputeInstanceInfo_t *info)
+{
+    if (!info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct handle *h = NULL;
+    nvmlReturn_t ret = enter_instance(computeInstance, g_ci_handles, "nvmlComputeInstanceGetInfo",
+                                      &h);
+    if (ret != NVML_SUCCESS)
+        return ret;
+    const struct mig *m = mig_of(h);
+    memset(info, 0, sizeof *info);
+    info->device = (nvmlDevice_t)&g_gpu_handles[h->gpu];
+    info->gpuInstance = (nvmlGpuInstance_t)&g_gi_handles[h->gpu][h->slot];
+    info->id = m->ci;
+    info->profileId = m->ci_profile;
+    info->placement.start = 0; /* "within the GPU instance's compute slice range" */
+    info->placement.size = m->ci_slices;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo(nvmlComputeInstance_t computeInstance,
+                                        nvmlComputeInstanceInfo_t *info)
+{
+    return nvmlComputeInstanceGetInfo_v2(computeInstance, info);
 }
 
 /* ---- events ------------------------------------------------------------------------ */

@@ -4,7 +4,6 @@ tests (faults, MIG layouts) and written as the library's state file, atomically.
 
 from __future__ import annotations
 
-import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from agents.sim.node import GpuSpec, NodeSpec
+from tests.nvml import mig as migs
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
@@ -34,16 +34,7 @@ ERRORS = {  # nvmlReturn_t by the names NVML's error strings and the simulator u
 }
 HANG_FOREVER_MS = 3_600_000
 
-_MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me)?")
-# The memory (MiB) NVML reports for each MIG profile, by the GPU's memory in GB: what the
-# driver gives on A100 40GB and H100/A100 80GB. Other sizes: scaled from the slice count.
-_MIG_MEMORY_MIB = {
-    40: {1: 4864, 2: 9984, 3: 19968, 4: 19968, 7: 40192},
-    80: {1: 9856, 2: 19968, 3: 40192, 4: 40192, 7: 80384},
-}
 _ARCH = {"turing": 6, "ampere": 7, "ada": 8, "ada_lovelace": 8, "hopper": 9, "blackwell": 10}
-# GPU instance IDs the driver gives each GPU-instance size, in order of placement.
-_GI_IDS = {7: [0], 4: [1], 3: [1, 2], 2: [3, 4, 5], 1: list(range(7, 15))}
 
 
 @dataclass
@@ -55,6 +46,10 @@ class Mig:
     gi_slices: int
     ci_slices: int
     memory_mib: int
+    gi_profile: int = 0  # NVML_GPU_INSTANCE_PROFILE_* it was made from
+    ci_profile: int = 0  # NVML_COMPUTE_INSTANCE_PROFILE_*
+    start: int = 0  # placement, in memory slices
+    size: int = 1
 
 
 @dataclass
@@ -78,6 +73,8 @@ class Gpu:
     error: int = 0  # every call about this GPU answers this nvmlReturn_t
     hang_ms: int = 0  # every call about this GPU blocks this long
     links: list[tuple[int, str]] = field(default_factory=list)  # (remote type, remote bus)
+    bridge: str = ""  # the PCIe host bridge (root complex) above it, e.g. pci0000:00
+    bridge_numa: int = -1  # that bridge's NUMA node
     fails: dict[str, int] = field(default_factory=dict)  # call name ("*": any) -> code
     removed: bool = False  # taken off the node: NVML no longer lists it
 
@@ -136,11 +133,12 @@ class NvmlNode:
         gpu.mig = True
         gpu.migs = []
         taken: set[int] = set()
-        total_gb = -(-gpu.memory // 2**30)
+        used: set[int] = set()
         for slot, profile in enumerate(profiles):
-            ci_slices, gi_slices, _ = _mig_profile(profile)
-            gi = next(i for i in _GI_IDS[gi_slices] if i not in taken)
+            ci_slices, gi_slices, _, _ = migs.parse(profile)
+            gi = migs.next_gi_id(gi_slices, taken)
             taken.add(gi)
+            start, size = migs.place(gi_slices, used)
             gpu.migs.append(
                 Mig(
                     profile=profile,
@@ -149,7 +147,11 @@ class NvmlNode:
                     ci=0,
                     gi_slices=gi_slices,
                     ci_slices=ci_slices,
-                    memory_mib=_mig_memory_mib(profile, total_gb, gpu.memory),
+                    memory_mib=migs.named_memory_mib(profile, gpu.memory),
+                    gi_profile=migs.gi_profile(profile).index,
+                    ci_profile=migs.CI_PROFILE.get(ci_slices, 0),
+                    start=start,
+                    size=size,
                 )
             )
 
@@ -196,10 +198,14 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
             lost=int(gpu.lost),
             error=gpu.error,
             hang_ms=gpu.hang_ms,
+            bridge=gpu.bridge,
+            bridge_numa=gpu.bridge_numa,
         )
     ]
     for link, (kind, bus) in enumerate(gpu.links):
         out.append(_record("link", gpu=index, link=link, type=kind, bus=bus))
+    if gpu.mig_capable:
+        out.extend(_gi_profile_records(index, gpu))
     for slot, m in enumerate(gpu.migs):
         out.append(
             _record(
@@ -212,11 +218,36 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
                 gi_slices=m.gi_slices,
                 ci_slices=m.ci_slices,
                 memory_mib=m.memory_mib,
-                sm=14 * m.ci_slices,
+                sm=migs.SM_PER_SLICE * m.ci_slices,
+                gi_profile=m.gi_profile,
+                ci_profile=m.ci_profile,
+                start=m.start,
+                size=m.size,
             )
         )
     for call, code in gpu.fails.items():
         out.append(_record("fail", gpu=index, call=call, code=code))
+    return out
+
+
+def _gi_profile_records(index: int, gpu: Gpu) -> list[str]:
+    """The GPU instance profiles the GPU offers; an instance's own memory where one of
+    the profile exists, so that the profile and its instances agree."""
+    out = []
+    for p in migs.GI_PROFILES:
+        made = [m.memory_mib for m in gpu.migs if m.gi_profile == p.index]
+        out.append(
+            _record(
+                "gip",
+                gpu=index,
+                profile=p.index,
+                id=p.id,
+                slices=p.slices,
+                instances=p.instances,
+                memory_mib=made[0] if made else migs.memory_mib(p.slices, gpu.memory),
+                sm=migs.SM_PER_SLICE * p.slices,
+            )
+        )
     return out
 
 
@@ -225,23 +256,6 @@ def _record(kind: str, **fields: object) -> str:
         if any(c in str(value) for c in "\t\n"):
             raise ValueError(f"{kind}.{key}: tabs and newlines cannot be written: {value!r}")
     return "\t".join([kind, *(f"{k}={v}" for k, v in fields.items())])
-
-
-def _mig_profile(profile: str) -> tuple[int, int, int]:
-    """(compute slices, GPU slices, GB) of a profile name like 1g.10gb or 1c.2g.20gb."""
-    match = _MIG_PROFILE.fullmatch(profile)
-    if match is None:
-        raise ValueError(f"not a MIG profile name: {profile}")
-    gi = int(match[2])
-    return int(match[1] or gi), gi, int(match[3])
-
-
-def _mig_memory_mib(profile: str, total_gb: int, total_bytes: int) -> int:
-    _, gi, gb = _mig_profile(profile)
-    known = _MIG_MEMORY_MIB.get(total_gb, {})
-    if gi in known:
-        return known[gi]
-    return int(gb / total_gb * total_bytes / 2**20 * 0.96)  # what a slice keeps, about
 
 
 def nvml_bus_id(pci: str) -> str:
@@ -265,6 +279,7 @@ def from_profile(profile: str) -> NvmlNode:
     system, defaults = doc["system"], doc["device_defaults"]
     nvlink = doc.get("nvlink") or {}
     switch_links = int(nvlink.get("links_per_gpu", 0)) if nvlink.get("switches") else 0
+    bridges = _bridges(doc)
     gpus = []
     for device in doc["devices"]:
         spec = {**defaults, **device}
@@ -287,6 +302,7 @@ def from_profile(profile: str) -> NvmlNode:
                 links=[(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * switch_links,
             )
         )
+        gpus[-1].bridge, gpus[-1].bridge_numa = bridges.get(gpus[-1].bus, ("", -1))
     major, minor = int(system["cuda_version_major"]), int(system["cuda_version_minor"])
     return NvmlNode(
         gpus=gpus,
@@ -294,6 +310,18 @@ def from_profile(profile: str) -> NvmlNode:
         nvml=str(system["nvml_version"]),
         cuda=major * 1000 + minor * 10,
     )
+
+
+def _bridges(doc: dict[str, object]) -> dict[str, tuple[str, int]]:
+    """NVML bus ID -> (host bridge, its NUMA node), from the profile's PCIe topology."""
+    topology = doc.get("pcie_topology")
+    out: dict[str, tuple[str, int]] = {}
+    if not isinstance(topology, dict):
+        return out
+    for root in topology.get("root_complexes") or []:
+        for bus in root.get("devices") or []:
+            out[nvml_bus_id(str(bus))] = (str(root["id"]), int(root.get("numa_node", -1)))
+    return out
 
 
 NVSWITCH_LINKS = 18  # an HGX H100's NVLinks per GPU, all to switches
@@ -326,6 +354,7 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
         memory=spec.memory_mib * 2**20,
         minor=spec.minor,
         numa=-1 if spec.numa is None else spec.numa,
+        bridge_numa=-1 if spec.numa is None else spec.numa,
         mig_capable=spec.mig_enabled or "A100" in spec.model or "H100" in spec.model,
         lost=spec.lost,
         error=ERRORS.get(spec.nvml_error, 999) if spec.nvml_error else 0,
