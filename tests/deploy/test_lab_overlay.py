@@ -91,3 +91,22 @@ def test_e2e_overlay_reads_the_simulated_node_from_the_hostpath() -> None:
     args = agent_container(render("tests/e2e/overlay"))["args"]
     assert args[-2:] == ["--simulate", f"{SIM_ROOT}/node.yaml"]
     assert str(parse_args(args).simulate) == f"{SIM_ROOT}/node.yaml"
+
+
+def test_k8s_lab_overlay_adds_only_the_token_volume_and_the_api_address() -> None:
+    """tests/e2e/k8s-lab: the e2e overlay plus what ../shared/k8s-lab's cluster lacks."""
+    e2e, lab = render("tests/e2e/overlay"), render("tests/e2e/k8s-lab")
+    base, added = agent_container(e2e), agent_container(lab)
+    env = {e["name"]: e.get("value") for e in added["env"]}
+    assert (
+        env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    )
+    mounts = [m for m in added["volumeMounts"] if m not in base["volumeMounts"]]
+    assert mounts == [
+        {
+            "name": "kube-api-access",
+            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            "readOnly": True,
+        }
+    ]
+    assert {**added, "env": base["env"], "volumeMounts": base["volumeMounts"]} == base
