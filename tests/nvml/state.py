@@ -1,4 +1,4 @@
-"""A node as the project's test NVML library (tests/nvml/libnvml.c) answers for it: built
+"""A node as the project's test NVML library (tests/nvml/lib) answers for it: built
 from a GPU profile of ../shared/mocknvml/profiles or from a simulated node file, changed by
 tests (faults, MIG layouts) and written as the library's state file, atomically."""
 
