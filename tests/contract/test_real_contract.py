@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.nvml.harness import NODE_IDS, NODES, lab_for
-from tests.nvml.state import REPO
+from tests.nvml.nodes import REPO
 
 
 @pytest.mark.parametrize(("library", "node"), NODES, ids=NODE_IDS)

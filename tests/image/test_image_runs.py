@@ -25,7 +25,7 @@ from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.deploy.manifests import Obj, agent_container, flag, render
 from tests.image.podman import REPO, PodRun, build_image, container_state, logs, podman, run_once
 from tests.nvml.library import STATE_ENV, build
-from tests.nvml.state import from_profile
+from tests.nvml.nodes import from_profile
 
 LAB = "daemonset/lab"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"

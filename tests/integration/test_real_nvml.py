@@ -33,7 +33,7 @@ from tests.nvml.harness import (
     start_agent,
     unhealthy,
 )
-from tests.nvml.state import REPO
+from tests.nvml.nodes import REPO
 
 GPU = "nvidia.com/gpu"
 START_WAIT = 30.0  # a subprocess start on a loaded 2-core machine

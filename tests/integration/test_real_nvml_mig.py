@@ -17,7 +17,7 @@ from pathlib import Path
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.nvml.harness import AgentProcess, Lab, start_agent
-from tests.nvml.state import MIG_LAYOUTS, with_mig
+from tests.nvml.nodes import MIG_LAYOUTS, with_mig
 
 GPU = "nvidia.com/gpu"
 START_WAIT = 30.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agents.sim.node import load_node
 from tests.nvml.library import STATE_ENV, build
-from tests.nvml.state import MIG_LAYOUTS, PROFILES, from_profile, from_sim_node, with_mig
+from tests.nvml.nodes import MIG_LAYOUTS, PROFILES, from_profile, from_sim_node, with_mig
 
 
 def main(argv: list[str]) -> int:

@@ -18,18 +18,18 @@ from pathlib import Path
 import yaml
 
 from agents.standin.kubelet import Kubelet
-from tests.nvml import state
+from tests.nvml import nodes, state
 from tests.nvml.library import nvml_env
 from tests.nvml.state import NvmlNode
 
 MOCK_DIR = Path(os.environ["MOCK_NVML_DIR"]) if os.environ.get("MOCK_NVML_DIR") else None
 # The libraries the suites run on: ours always; NVIDIA's mock only when asked for by hand.
 LIBRARIES = ("own", "nvidia-mock") if MOCK_DIR is not None else ("own",)
-PROFILES = state.PROFILES
+PROFILES = nodes.PROFILES
 NVSWITCH_PROFILES = frozenset({"a100", "gb200", "gb300", "h100"})
 # Every node a real-backend suite runs on: each profile on each library, and the MIG
 # layouts on ours (NVIDIA's mock models no MIG instances).
-NODES = [(lib, p) for lib in LIBRARIES for p in PROFILES] + [("own", m) for m in state.MIG_LAYOUTS]
+NODES = [(lib, p) for lib in LIBRARIES for p in PROFILES] + [("own", m) for m in nodes.MIG_LAYOUTS]
 NODE_IDS = [f"{lib}-{node}" for lib, node in NODES]
 MOCK_TTL_S = 0.1  # how often NVIDIA's mock re-reads its overrides file
 
@@ -40,7 +40,7 @@ class Lab:
     def __init__(self, library: str, profile: str, tmp: Path, node: NvmlNode | None = None):
         self.library = library
         self.profile = profile
-        self.node = node if node is not None else state.from_profile(profile)
+        self.node = node if node is not None else nodes.from_profile(profile)
         self.path = tmp / f"nvml-{library}.state"
         self.failing: dict[int, str] = {}
         self.apply()
@@ -56,7 +56,7 @@ class Lab:
         return {
             **os.environ,
             "LD_LIBRARY_PATH": str(MOCK_DIR),
-            "MOCK_NVML_CONFIG": str(state.profile_path(self.profile)),
+            "MOCK_NVML_CONFIG": str(nodes.profile_path(self.profile)),
             "MOCK_NVML_OVERRIDES": str(self.path),
             "MOCK_NVML_OVERRIDES_TTL": f"{int(MOCK_TTL_S * 1000)}ms",
         }
@@ -91,9 +91,9 @@ class Lab:
 
 
 def lab_for(library: str, node: str, tmp: Path) -> Lab:
-    """A Lab for a GPU profile or a MIG layout (state.MIG_LAYOUTS) by name."""
-    if node in state.MIG_LAYOUTS:
-        return Lab(library, state.MIG_LAYOUTS[node][0], tmp, state.with_mig(node))
+    """A Lab for a GPU profile or a MIG layout (nodes.MIG_LAYOUTS) by name."""
+    if node in nodes.MIG_LAYOUTS:
+        return Lab(library, nodes.MIG_LAYOUTS[node][0], tmp, nodes.with_mig(node))
     return Lab(library, node, tmp)
 
 
@@ -172,7 +172,7 @@ def profile_numa(profile: str) -> dict[str, tuple[int, ...]]:
     """Per GPU UUID, the NUMA node this machine's sysfs has for the profile's PCI address:
     () where there is no such device here (neither library models sysfs)."""
     out: dict[str, tuple[int, ...]] = {}
-    for gpu in state.from_profile(profile).gpus:
+    for gpu in nodes.from_profile(profile).gpus:
         domain, rest = gpu.bus.split(":", 1)
         numa_file = Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest.lower()}/numa_node")
         numa = int(numa_file.read_text()) if numa_file.exists() else -1

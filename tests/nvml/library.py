@@ -1,6 +1,6 @@
-"""The project's test libnvidia-ml.so.1: compiled from libnvml.c against NVIDIA's nvml.h
-(PyPI nvidia-nvml-dev) on first use, cached by the hash of both, and the environment that
-makes pynvml load it in a subprocess (pynvml loads its library once per process)."""
+"""The project's test libnvidia-ml.so.1: compiled from lib/ against NVIDIA's nvml.h (PyPI
+nvidia-nvml-dev) on first use, cached by the hash of its sources, nvml.h and the compiler's
+flags, and the environment that makes pynvml load it in a subprocess (once per process)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("libnvml.c")
-REPO = SOURCE.parents[2]
+LIB = Path(__file__).with_name("lib")
+SOURCES = sorted(LIB.glob("*.c"))
+HEADERS = sorted(LIB.glob("*.h"))
+REPO = LIB.parents[2]
 CACHE = REPO / ".cache" / "nvml"
 STATE_ENV = "NODE_AGENT_NVML_STATE"
+# Internal symbols stay hidden: only the NVML entry points nvml.h declares are exported.
+FLAGS = ("-shared", "-fPIC", "-O2", "-std=gnu11", "-pthread", "-fvisibility=hidden")
+WARNINGS = ("-Wall", "-Wextra", "-Werror")
 
 
 class BuildError(RuntimeError):
@@ -39,26 +44,32 @@ def compiler() -> str:
 def build() -> Path:
     """The directory holding libnvidia-ml.so.1, built now unless already cached."""
     include = header_dir()
-    digest = hashlib.sha256(SOURCE.read_bytes() + (include / "nvml.h").read_bytes()).hexdigest()
-    out = CACHE / digest[:16]
+    out = CACHE / _digest(include)[:16]
     library = out / "libnvidia-ml.so.1"
     if library.is_file():
         return out
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"libnvidia-ml.so.1.{os.getpid()}"
     done = subprocess.run(
-        [
-            *(compiler(), "-shared", "-fPIC", "-O2", "-std=gnu11", "-pthread"),
-            *("-Wall", "-Wextra", "-Werror", f"-I{include}", "-o", str(tmp), str(SOURCE)),
-        ],
+        [compiler(), *FLAGS, *WARNINGS, f"-I{include}", "-o", str(tmp), *map(str, SOURCES)],
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode:
-        raise BuildError(f"building {SOURCE.name} failed:\n{done.stderr}")
+        raise BuildError(f"building {LIB.name}/ failed:\n{done.stderr}")
     tmp.replace(library)
     return out
+
+
+def _digest(include: Path) -> str:
+    """What the library is made of: each source and header by name, nvml.h, the flags."""
+    h = hashlib.sha256()
+    for path in [*SOURCES, *HEADERS, include / "nvml.h"]:
+        data = path.read_bytes()
+        h.update(f"{path.name}\0{len(data)}\0".encode() + data)
+    h.update("\0".join([*FLAGS, *WARNINGS]).encode())
+    return h.hexdigest()
 
 
 def nvml_env(state: Path, base: dict[str, str] | None = None) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.nvml.state import from_profile, from_sim_node, with_mig
+from tests.nvml.nodes import from_profile, from_sim_node, with_mig
 from tests.nvml.test_library import run
 
 # nvml.h's values.

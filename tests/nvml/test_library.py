@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.nvml.library import nvml_env
-from tests.nvml.state import NvmlNode, from_profile, from_sim_node, with_mig
+from tests.nvml.nodes import from_profile, from_sim_node, with_mig
+from tests.nvml.state import NvmlNode
 
 PRELUDE = """
 import pynvml as n
