@@ -7,26 +7,23 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.config import Config
 from agents.daemon import Agent, simulated_backends
 from agents.roce.family import FLAP_HOLD_S
-from agents.sim.bundled import bundled_node
 from agents.standin.apiserver import ApiServer
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
+from tests.veth import node_on_netdev, veth_pair
 
 pytestmark = [
     pytest.mark.netns,
@@ -42,24 +39,10 @@ WAIT = 10.0
 FLAP_S = 0.2  # the link is down this long, then up this long
 
 
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], check=check, capture_output=True)
-
-
 @pytest.fixture
 def veth() -> Iterator[tuple[str, str]]:
-    """(host-side name, netns): a veth pair, one end here, its peer in a fresh netns."""
-    tag = uuid.uuid4().hex[:8]
-    host, netns = f"nafl{tag}", f"na-flap-{os.getpid()}-{tag}"
-    _ip("netns", "add", netns)
-    try:
-        _ip("link", "add", host, "type", "veth", "peer", "name", PEER, "netns", netns)
-        _ip("link", "set", host, "up")
-        _ip("-n", netns, "link", "set", PEER, "up")
-        yield host, netns
-    finally:
-        _ip("link", "del", host, check=False)
-        _ip("netns", "del", netns, check=False)
+    with veth_pair("nafl", "na-flap", PEER) as pair:
+        yield pair
 
 
 @dataclass
@@ -106,10 +89,7 @@ async def _follow(running: Running) -> None:
 async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
     host, netns = veth
     with tempfile.TemporaryDirectory(prefix="na-flap-") as work:
-        node = yaml.safe_load(bundled_node("h100-8gpu-8nic").read_text())
-        node["nics"][0]["netdev"] = host
-        node_file = Path(work) / "node.yaml"
-        node_file.write_text(yaml.safe_dump(node, sort_keys=False))
+        node_file, node = node_on_netdev(Path(work), host)
         kubelet, server = Kubelet(Path(work) / "plugins", seed=1), ApiServer((NODE,))
         await kubelet.start()
         await server.start()

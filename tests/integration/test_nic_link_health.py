@@ -10,23 +10,20 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from agents.config import Config
 from agents.daemon import Agent, simulated_backends
 from agents.hw.netlink import LinkState, NetlinkMonitor
 from agents.roce.family import FLAP_HOLD_S
-from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Kubelet
+from tests.veth import node_on_netdev, veth_pair
 
 pytestmark = [
     pytest.mark.netns,
@@ -40,24 +37,10 @@ FIRST_REPORT_S = 1.0  # a first change reaches the kubelet within this
 PEER = "natpeer0"
 
 
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], check=check, capture_output=True)
-
-
 @pytest.fixture
 def veth() -> Iterator[tuple[str, str]]:
-    """(host-side name, netns): a veth pair, one end here, its peer in a fresh netns."""
-    tag = uuid.uuid4().hex[:8]
-    host, netns = f"nat{tag}", f"na-link-{os.getpid()}-{tag}"
-    _ip("netns", "add", netns)
-    try:
-        _ip("link", "add", host, "type", "veth", "peer", "name", PEER, "netns", netns)
-        _ip("link", "set", host, "up")
-        _ip("-n", netns, "link", "set", PEER, "up")
-        yield host, netns
-    finally:
-        _ip("link", "del", host, check=False)  # gone already when the test deleted it
-        _ip("netns", "del", netns, check=False)
+    with veth_pair("nat", "na-link", PEER) as pair:
+        yield pair
 
 
 @dataclass
@@ -71,10 +54,7 @@ class Running:
 async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
     host, _ = veth
     with tempfile.TemporaryDirectory(prefix="na-link-") as work:
-        node = yaml.safe_load(bundled_node("h100-8gpu-8nic").read_text())
-        node["nics"][0]["netdev"] = host
-        node_file = Path(work) / "node.yaml"
-        node_file.write_text(yaml.safe_dump(node, sort_keys=False))
+        node_file, node = node_on_netdev(Path(work), host)
         plugin_dir = Path(work) / "plugins"
         kubelet = Kubelet(plugin_dir, seed=1)
         await kubelet.start()
