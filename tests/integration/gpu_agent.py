@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from agents.config import Config, parse_config
-from agents.daemon import Agent, Backends, simulated_backends
+from agents.daemon import Agent, Backends, HealthReporter, simulated_backends
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
@@ -91,6 +91,7 @@ async def running_agent(
     *,
     node: str | Path = "h100-8gpu-8nic",
     families: Sequence[str] = ("gpu",),
+    reporter: HealthReporter | None = None,
 ) -> AsyncIterator[Running]:
     """Kubelet stand-in up, agent started on a copy of the node file; both stopped after."""
     node_file = tmp_path / "node" / "node.yaml"
@@ -104,7 +105,7 @@ async def running_agent(
     try:
         async with simulated_backends(node_file) as backends:
             parsed = config(cfg) if isinstance(cfg, str) else cfg
-            agent = Agent(parsed, CONFIG_SOURCE, plugin_dir, backends, families)
+            agent = Agent(parsed, CONFIG_SOURCE, plugin_dir, backends, families, reporter=reporter)
             agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:

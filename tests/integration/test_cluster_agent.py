@@ -4,10 +4,7 @@ reachable, refusing or never answering."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,12 +16,12 @@ import yaml
 
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
-from agents.config import Config, parse_config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.sim.bundled import bundled_node
 from agents.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
+from tests.integration.gpu_agent import Running, running_agent
 from tests.writers import write_atomic
 
 NODE = "gpu-node-7"
@@ -36,23 +33,27 @@ EVENT_WITHIN_S = 2.0  # and the Event follows the kubelet's view within this
 
 @dataclass
 class Node:
-    agent: Agent
-    kubelet: Kubelet
+    run: Running
     server: ApiServer
-    node_file: Path
+
+    @property
+    def agent(self) -> Agent:
+        return self.run.agent
+
+    @property
+    def kubelet(self) -> Kubelet:
+        return self.run.kubelet
 
     def edit(self, gpu: int, **fields: Any) -> None:
-        doc = yaml.safe_load(self.node_file.read_text())
+        doc = yaml.safe_load(self.run.node_file.read_text())
         doc["gpus"][gpu].update(fields)
-        write_atomic(self.node_file, yaml.safe_dump(doc, sort_keys=False))
+        write_atomic(self.run.node_file, yaml.safe_dump(doc, sort_keys=False))
 
     def uuid(self, gpu: int) -> str:
-        return str(yaml.safe_load(self.node_file.read_text())["gpus"][gpu]["uuid"])
+        return str(yaml.safe_load(self.run.node_file.read_text())["gpus"][gpu]["uuid"])
 
     def health(self, device: str, resource: str = GPU) -> str | None:
-        view = self.kubelet.resource(resource)
-        state = view.devices.get(device) if view is not None else None
-        return state.health if state is not None else None
+        return self.run.devices(resource).get(device)
 
     def condition(self) -> dict[str, str]:
         return self.server.store.condition(NODE, "DevicesHealthy") or {}
@@ -66,38 +67,25 @@ class Node:
 async def running(
     tmp_path: Path, node: str = "h100-8gpu-8nic", config: str = "", **gpu0: Any
 ) -> AsyncIterator[Node]:
-    node_file = tmp_path / "node.yaml"
+    source = tmp_path / "source.yaml"
     doc = yaml.safe_load(bundled_node(node).read_text())
     doc["gpus"][0].update(gpu0)
-    node_file.write_text(yaml.safe_dump(doc, sort_keys=False))
-    plugin_dir = Path(tempfile.mkdtemp(prefix="dp-"))
-    kubelet, server = Kubelet(plugin_dir, seed=3), ApiServer((NODE,))
-    await kubelet.start()
+    source.write_text(yaml.safe_dump(doc, sort_keys=False))
+    server = ApiServer((NODE,))
     await server.start()
     reporter = Reporter(NODE, ApiClient(Access(server.url), timeout_s=0.5), max_retry_s=0.5)
-    stop = asyncio.Event()
     try:
-        async with simulated_backends(node_file) as backends:
-            cfg = parse_config(config, "test.yaml") if config else Config.default()
-            agent = Agent(cfg, "test", plugin_dir, backends, ("gpu",), reporter=reporter)
-            agent.start()
-            task = asyncio.ensure_future(agent.run(stop))
-            try:
-                yield Node(agent, kubelet, server, node_file)
-            finally:
-                stop.set()
-                await asyncio.wait_for(task, WAIT)
+        async with running_agent(tmp_path, config, node=source, reporter=reporter) as run:
+            yield Node(run, server)
     finally:
-        await kubelet.stop()
         await server.stop()
-        shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 async def test_xid79_then_reset_tell_the_cluster_why(tmp_path: Path) -> None:
     async with running(tmp_path) as node:
         victim = node.uuid(5)
         await async_wait_until(lambda: node.condition().get("status") == "True", WAIT)
-        await node.agent.backends.simulated.watching.wait()  # type: ignore[union-attr]
+        await node.run.sim.watching.wait()
         node.edit(5, xids=[79])
         await node.kubelet.wait_until(lambda _: node.health(victim) == "Unhealthy", WAIT)
         seen = time.monotonic()
@@ -149,7 +137,7 @@ async def test_replicas_report_their_gpu_once(tmp_path: Path) -> None:
     async with running(tmp_path, config=sharing) as node:
         victim = node.uuid(2)
         await async_wait_until(lambda: node.condition().get("status") == "True", WAIT)
-        await node.agent.backends.simulated.watching.wait()  # type: ignore[union-attr]
+        await node.run.sim.watching.wait()
         node.edit(2, xids=[48])
         await async_wait_until(lambda: node.events("DeviceUnhealthy") != [], WAIT)
         [event] = node.events("DeviceUnhealthy")
@@ -164,10 +152,10 @@ async def test_mig_instances_each_get_an_event(tmp_path: Path) -> None:
     mixed = "version: v1\nflags:\n  migStrategy: mixed\n"
     async with running(tmp_path, node="mig-mixed", config=mixed) as node:
         await async_wait_until(lambda: node.condition().get("status") == "True", WAIT)
-        doc = yaml.safe_load(node.node_file.read_text())
+        doc = yaml.safe_load(node.run.node_file.read_text())
         mig_gpu = next(i for i, g in enumerate(doc["gpus"]) if g.get("mig", {}).get("enabled"))
         instances = [m["uuid"] for m in doc["gpus"][mig_gpu]["mig"]["instances"]]
-        await node.agent.backends.simulated.watching.wait()  # type: ignore[union-attr]
+        await node.run.sim.watching.wait()
         node.edit(mig_gpu, xids=[79])
         await async_wait_until(lambda: len(node.events("DeviceUnhealthy")) == len(instances), WAIT)
         messages = " ".join(e["message"] for e in node.events("DeviceUnhealthy"))
@@ -180,7 +168,7 @@ async def test_an_absent_api_server_delays_no_health_update(tmp_path: Path, outa
         victim = node.uuid(3)
         await async_wait_until(lambda: node.condition().get("status") == "True", WAIT)
         await node.server.set_mode(outage)
-        await node.agent.backends.simulated.watching.wait()  # type: ignore[union-attr]
+        await node.run.sim.watching.wait()
         started = time.monotonic()
         node.edit(3, xids=[79])
         await node.kubelet.wait_until(lambda _: node.health(victim) == "Unhealthy", WAIT)
