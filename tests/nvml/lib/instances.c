@@ -18,6 +18,15 @@ static nvmlReturn_t enter_instance(const void *instance, struct handle (*base)[M
     return enter((nvmlDevice_t)&g_mig_handles[h->gpu][h->slot], call, out);
 }
 
+/* ENTER for a GPU or compute instance handle of `base`: checked as its MIG device. */
+#define ENTER_INSTANCE(instance, base, call, h)                                              \
+    const struct handle *h = NULL;                                                           \
+    do {                                                                                     \
+        nvmlReturn_t entered_ = enter_instance((instance), (base), (call), &h);              \
+        if (entered_ != NVML_SUCCESS)                                                        \
+            return entered_;                                                                 \
+    } while (0)
+
 /* Documented: NOT_SUPPORTED "If device doesn't support MIG or profile isn't supported";
  * INVALID_ARGUMENT for an invalid profile, which ends an enumeration from 0. The
  * profiles a GPU offers are the state's gip records: immutable while MIG mode lasts. */
@@ -63,10 +72,7 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstan
 {
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct handle *h = NULL;
-    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    ENTER_INSTANCE(gpuInstance, g_gi_handles, __func__, h);
     const struct mig *m = mig_of(h);
     memset(info, 0, sizeof *info);
     info->device = (nvmlDevice_t)&g_gpu_handles[h->gpu];
@@ -91,10 +97,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(nvmlGpuInstance_t gpuI
     if (!info || profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
         engProfile >= NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct handle *h = NULL;
-    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    ENTER_INSTANCE(gpuInstance, g_gi_handles, __func__, h);
     const struct mig *m = mig_of(h);
     unsigned slices = CI_SLICES[profile];
     if (!slices || slices > m->gi_slices)
@@ -114,10 +117,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance
 {
     if (!computeInstance)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct handle *h = NULL;
-    nvmlReturn_t ret = enter_instance(gpuInstance, g_gi_handles, __func__, &h);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    ENTER_INSTANCE(gpuInstance, g_gi_handles, __func__, h);
     if (mig_of(h)->ci != id)
         return leave(NVML_ERROR_NOT_FOUND);
     *computeInstance = (nvmlComputeInstance_t)&g_ci_handles[h->gpu][h->slot];
@@ -129,11 +129,7 @@ nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t computeInstance
 {
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
-    const struct handle *h = NULL;
-    nvmlReturn_t ret = enter_instance(computeInstance, g_ci_handles, "nvmlComputeInstanceGetInfo",
-                                      &h);
-    if (ret != NVML_SUCCESS)
-        return ret;
+    ENTER_INSTANCE(computeInstance, g_ci_handles, "nvmlComputeInstanceGetInfo", h);
     const struct mig *m = mig_of(h);
     memset(info, 0, sizeof *info);
     info->device = (nvmlDevice_t)&g_gpu_handles[h->gpu];

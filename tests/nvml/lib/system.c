@@ -32,14 +32,22 @@ nvmlReturn_t nvmlShutdown(void)
     return ret;
 }
 
-static nvmlReturn_t system_text(char *dst, unsigned length, int driver)
+/* Takes g_lock and, while NVML is initialized, reads the state afresh; 0 when it is not.
+ * The caller releases g_lock either way. */
+static int lock_initialized(void)
 {
     pthread_mutex_lock(&g_lock);
+    if (g_inits == 0)
+        return 0;
+    refresh();
+    return 1;
+}
+
+static nvmlReturn_t system_text(char *dst, unsigned length, int driver)
+{
     nvmlReturn_t ret = NVML_ERROR_UNINITIALIZED;
-    if (g_inits > 0) {
-        refresh();
+    if (lock_initialized())
         ret = put_text(dst, length, driver ? g_state->driver : g_state->nvml);
-    }
     pthread_mutex_unlock(&g_lock);
     return ret;
 }
@@ -58,15 +66,11 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
 {
     if (!cudaDriverVersion)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_lock);
-    nvmlReturn_t ret = NVML_ERROR_UNINITIALIZED;
-    if (g_inits > 0) {
-        refresh();
+    int ready = lock_initialized();
+    if (ready)
         *cudaDriverVersion = g_state->cuda;
-        ret = NVML_SUCCESS;
-    }
     pthread_mutex_unlock(&g_lock);
-    return ret;
+    return ready ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
 }
 
 nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
@@ -80,25 +84,18 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
 {
     if (!deviceCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_lock);
-    nvmlReturn_t ret = NVML_ERROR_UNINITIALIZED;
-    if (g_inits > 0) {
-        refresh();
+    int ready = lock_initialized();
+    if (ready)
         *deviceCount = g_state->count; /* a lost GPU is still counted */
-        ret = NVML_SUCCESS;
-    }
     pthread_mutex_unlock(&g_lock);
-    return ret;
+    return ready ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
 {
     if (!device || index >= MAX_GPUS)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_lock);
-    int ready = g_inits > 0;
-    if (ready)
-        refresh();
+    int ready = lock_initialized();
     int in_range = ready && index < g_state->count && g_state->gpus[index].uuid[0];
     pthread_mutex_unlock(&g_lock);
     if (!ready)
@@ -118,12 +115,10 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
 {
     if (!uuid || !device)
         return NVML_ERROR_INVALID_ARGUMENT;
-    pthread_mutex_lock(&g_lock);
-    if (g_inits == 0) {
+    if (!lock_initialized()) {
         pthread_mutex_unlock(&g_lock);
         return NVML_ERROR_UNINITIALIZED;
     }
-    refresh();
     int found_gpu = -1, found_slot = -1;
     nvmlReturn_t ret = NVML_ERROR_NOT_FOUND;
     for (unsigned i = 0; i < g_state->count && found_gpu < 0; i++) {
