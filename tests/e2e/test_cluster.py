@@ -250,16 +250,21 @@ def test_xid_79_and_a_link_down_lower_allocatable_and_recover(
     poll(lambda: allocatable(node).get(GPU) == 7, FAULT_WITHIN, "allocatable GPUs 7")
     deployment.figures["XID 79 -> allocatable"] = f"{time.monotonic() - started:.1f} s"
     started = time.monotonic()
-    _edit(deployment, lambda d: d["nics"][5].update(link="down"))
+    _set_link(deployment, 5, "down")
     poll(lambda: allocatable(node).get(NIC) == 7, FAULT_WITHIN, "allocatable NICs 7")
     deployment.figures["link down -> allocatable"] = f"{time.monotonic() - started:.1f} s"
-    # A reset, as on a real node: the GPU leaves the bus (the agent says so) and answers
-    # again.
-    uuid = yaml.safe_load(deployment.node_text)["gpus"][3]["uuid"]
-    _edit(deployment, lambda d: d["gpus"][3].update(xids=[], lost=True))
-    poll(lambda: _logged_lost(deployment, uuid), FAULT_WITHIN, f"{uuid} lost in the log")
-    _edit(deployment, lambda d: (d["gpus"][3].update(lost=False), d["nics"][5].update(link="up")))
+    _reset(deployment, 3)
+    _set_link(deployment, 5, "up")
     poll(lambda: allocatable(node) == {GPU: 8, NIC: 8}, FAULT_WITHIN, "8 and 8 again")
+
+
+def _reset(deployment: Deployment, gpu: int) -> None:
+    """A reset, as on a real node: the GPU leaves the bus (the agent says so) and answers
+    again, its XIDs gone."""
+    uuid = yaml.safe_load(deployment.node_text)["gpus"][gpu]["uuid"]
+    _edit(deployment, lambda d: d["gpus"][gpu].update(xids=[], lost=True))
+    poll(lambda: _logged_lost(deployment, uuid), FAULT_WITHIN, f"{uuid} lost in the log")
+    _edit(deployment, lambda d: d["gpus"][gpu].update(lost=False))
 
 
 def _logged_lost(deployment: Deployment, uuid: str) -> bool:
@@ -351,10 +356,7 @@ def test_faults_reach_the_cluster_as_events_and_the_devices_healthy_condition(
     deployment.figures["XID 79 -> DevicesHealthy False"] = f"{condition_s:.2f} s"
     assert event_s <= 2.0, f"the Warning Event came {event_s:.2f} s after the fault"
 
-    # The reset: the GPU leaves the bus and answers again, its XID gone.
-    _edit(deployment, lambda d: d["gpus"][2].update(xids=[], lost=True))
-    poll(lambda: _logged_lost(deployment, uuid), FAULT_WITHIN, f"{uuid} lost in the log")
-    _edit(deployment, lambda d: d["gpus"][2].update(lost=False))
+    _reset(deployment, 2)
     poll(
         lambda: _counted(node, "DeviceHealthy", uuid, before)[1] >= 1,
         FAULT_WITHIN,
