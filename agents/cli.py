@@ -19,9 +19,12 @@ import structlog
 from agents import __version__
 from agents.config import Config, load_config
 from agents.errors import AgentError, ConfigError
+from agents.tasks import cause, until
 
 if TYPE_CHECKING:
-    from agents.daemon import Agent, Backends, HealthReporter
+    from agents.backends import Backends
+    from agents.daemon import Agent, HealthReporter
+    from agents.family import FamilyKind
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -196,17 +199,17 @@ def _read_config(path: Path | None) -> Config:
 
 
 def _run(opts: argparse.Namespace) -> int:
-    from agents.daemon import parse_families
+    from agents.families import parse_families
 
     # Until the event loop handles it, a SIGHUP must not end the process (exit 129).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     config = _read_config(opts.config)
-    families = parse_families(opts.families)
+    kinds = parse_families(opts.families)
     source = str(opts.config) if opts.config else "<defaults>"
     opts.device_plugin_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return asyncio.run(_serve(opts, config, source, families))
+        return asyncio.run(_serve(opts, config, source, kinds))
     except AgentError:
         raise
     except Exception:
@@ -215,40 +218,56 @@ def _run(opts: argparse.Namespace) -> int:
 
 
 async def _serve(
-    opts: argparse.Namespace, config: Config, source: str, families: tuple[str, ...]
+    opts: argparse.Namespace, config: Config, source: str, kinds: Sequence[FamilyKind]
 ) -> int:
-    from agents.daemon import Agent, real_backends, simulated_backends
+    from agents.backends import real_backends, simulated_backends
+    from agents.daemon import Agent
 
     stop, hup = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hup.set)
-    plugin_dir: Path = opts.device_plugin_dir
     backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
         simulated_backends(opts.simulate, opts.simulate_root)
         if opts.simulate
-        else contextlib.nullcontext(real_backends(config))
+        else contextlib.nullcontext(real_backends())
     )
     reporter = await _cluster_reporter(opts)
     async with backends_cm as backends:
         agent = Agent(
             config,
             source,
-            plugin_dir,
+            opts.device_plugin_dir,
             backends,
-            families,
+            kinds,
             metrics_address=opts.metrics_address,
             nfd_features_file=opts.nfd_features_file,
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
         )
-        agent.start()
-        _freeze_heap()
-        log.info("agent_started", plugin_dir=str(plugin_dir), families=list(families))
-        await _until_stopped(agent, stop, hup, opts.config)
+        # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
+        # initialisation holds up neither the signal nor the exit.
+        await until(stop, lambda: _serve_agent(agent, hup, opts.config))
     log.info("agent_stopped")
     return EXIT_OK
+
+
+async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> None:
+    """Start the agent, then serve it and reload its config on each SIGHUP."""
+    await agent.start()
+    _freeze_heap()
+    log.info(
+        "agent_started",
+        plugin_dir=str(agent.plugin_dir),
+        families=[k.name for k in agent.kinds],
+    )
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(agent.serve())
+            group.create_task(_reload_on(hup, agent, path))
+    except BaseExceptionGroup as failed:
+        raise cause(failed) from None
 
 
 async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:
@@ -264,24 +283,6 @@ def _freeze_heap() -> None:
     was made since costs well under 1 ms."""
     gc.collect()
     gc.freeze()
-
-
-async def _until_stopped(
-    agent: Agent, stop: asyncio.Event, hup: asyncio.Event, path: Path | None
-) -> None:
-    """Run the agent, reloading its config on each SIGHUP, until `stop`."""
-    running = asyncio.ensure_future(agent.run(stop))  # first: its loops begin before a reload
-    reloads = asyncio.ensure_future(_reload_on(hup, agent, path))
-    try:
-        await asyncio.wait([running, reloads], return_when=asyncio.FIRST_COMPLETED)
-        if reloads.done():
-            stop.set()
-            reloads.result()  # a reload that failed beyond a bad config: fatal
-        await running
-    finally:
-        stop.set()
-        reloads.cancel()
-        await asyncio.gather(running, reloads, return_exceptions=True)
 
 
 async def _reload_on(hup: asyncio.Event, agent: Agent, path: Path | None) -> None:

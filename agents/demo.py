@@ -17,11 +17,14 @@ from typing import Any
 
 import yaml
 
+from agents.backends import simulated_backends
 from agents.config import Config
 from agents.core.topology import Topology
 from agents.core.xid import HOLD_S
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
+from agents.roce.family import RoceFamily
 from agents.sim.bundled import DEMO_NODE, bundled_node
 from agents.standin.admission import Container, Pod, PodAllocation
 from agents.standin.kubelet import Kubelet
@@ -52,7 +55,7 @@ class Demo:
                 backends,
                 pod_resources_socket=self.pod_resources,
             )
-            agent.start()
+            await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
                 await self._story(agent)
@@ -91,17 +94,16 @@ class Demo:
         self.out("")
 
     def _names(self, agent: Agent) -> dict[str, str]:
-        assert agent.gpu is not None and agent.roce is not None
-        names = {g.uuid: f"GPU{g.index}" for g in agent.gpu.gpus}
-        names |= {n.pci: f"{n.rdma}/{n.netdev}" for n in agent.roce.nics}
+        gpu, roce = agent.family(GpuFamily), agent.family(RoceFamily)
+        assert gpu is not None and roce is not None
+        names = {g.uuid: f"GPU{g.index}" for g in gpu.gpus}
+        names |= {n.pci: f"{n.rdma}/{n.netdev}" for n in roce.nics}
         return names
 
     def _show_pod(self, allocation: PodAllocation, agent: Agent, names: dict[str, str]) -> None:
-        assert agent.gpu is not None and agent.roce is not None
-        topology = Topology(
-            {g.uuid: g.location for g in agent.gpu.gpus if g.location},
-            {n.pci: n.location for n in agent.roce.nics if n.location},
-        )
+        gpu_family, roce = agent.family(GpuFamily), agent.family(RoceFamily)
+        assert gpu_family is not None and roce is not None
+        topology = Topology(gpu_family.locations(), roce.locations())
         for container, got in allocation.containers.items():
             gpus = got.devices.get(GPU_RESOURCE, [])
             nics = got.devices.get(NIC_RESOURCE, [])
@@ -126,8 +128,9 @@ class Demo:
             self.out("")
 
     async def _fault(self, agent: Agent, names: dict[str, str]) -> None:
-        assert agent.gpu is not None
-        victim = agent.gpu.gpus[5]
+        gpu = agent.family(GpuFamily)
+        assert gpu is not None
+        victim = gpu.gpus[5]
         self.out(f"Injecting XID 79 (fell off the bus) on {names[victim.uuid]} ...")
         seen = await self._edit_and_wait(
             lambda node: node["gpus"][5].__setitem__("xids", [79]),
@@ -137,7 +140,6 @@ class Demo:
         self._describe_node()
         # NVML never says that an XID is over: only a reset (the GPU leaves the bus and
         # answers again), an opt-in recovery period, or a restart brings the GPU back.
-        gpu = agent.gpu
         self.out(f"Resetting {names[victim.uuid]} (it leaves the bus, then answers again) ...")
         await self._edit_and_wait(
             lambda node: node["gpus"][5].update(xids=[], lost=True),

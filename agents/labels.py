@@ -10,20 +10,13 @@ import asyncio
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
-from agents.core.topology import Distance, Topology
-from agents.gpu.discovery import Gpu
-from agents.plugin.resource import Resource
-from agents.roce.discovery import Nic
-
-if TYPE_CHECKING:
-    from agents.gpu.family import GpuFamily
-    from agents.roce.family import RoceFamily
+from agents.plugin.resource import Inventory
+from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
@@ -36,51 +29,9 @@ def label_value(text: str) -> str:
     return _VALUE.sub("-", text).strip("-._")[:63].rstrip("-._")
 
 
-def node_labels(
-    gpus: Sequence[Gpu],
-    nics: Sequence[Nic],
-    *,
-    healthy_gpus: int,
-    healthy_nics: int,
-) -> dict[str, str]:
-    labels = {
-        "gpu.count": str(len(gpus)),
-        "gpu.healthy": str(healthy_gpus),
-        "roce.count": str(len(nics)),
-        "roce.healthy": str(healthy_nics),
-        "gpu-nic.pairs": str(_has_close_pairs(gpus, nics)).lower(),
-    }
-    if gpus:
-        labels["gpu.product"] = label_value(gpus[0].model)
-        labels["gpu.memory"] = str(gpus[0].memory_mib)
-        labels["gpu.mig.capable"] = str(any(g.mig_enabled or g.mig for g in gpus)).lower()
+def prefixed(labels: Mapping[str, str]) -> dict[str, str]:
+    """Label names of the families as the node carries them, sorted."""
     return {PREFIX + key: value for key, value in sorted(labels.items())}
-
-
-def family_labels(labels: Mapping[str, str], *, gpu: bool, roce: bool) -> dict[str, str]:
-    """Only the labels of the families this agent runs: beside another agent that runs
-    the other family (in a file of its own), it must not claim that family's devices."""
-
-    def ours(key: str) -> bool:
-        name = key.removeprefix(PREFIX)
-        if name.startswith("gpu-nic."):
-            return gpu and roce
-        return (gpu or not name.startswith("gpu.")) and (roce or not name.startswith("roce."))
-
-    return {key: value for key, value in labels.items() if ours(key)}
-
-
-def _has_close_pairs(gpus: Sequence[Gpu], nics: Sequence[Nic]) -> bool:
-    """Whether some GPU and NIC share a PCIe switch (PIX or PXB)."""
-    topology = Topology(
-        {g.uuid: g.location for g in gpus if g.location is not None},
-        {n.pci: n.location for n in nics if n.location is not None},
-    )
-    return any(
-        topology.pair_distance(gpu, next(iter(near))) <= Distance.PXB
-        for gpu, near in topology.pairs().items()
-        if near
-    )
 
 
 def write_feature_file(path: Path, labels: Mapping[str, str]) -> None:
@@ -119,38 +70,18 @@ def _try_write(path: Path, labels: dict[str, str], *, failed: bool) -> dict[str,
 
 
 async def keep_labels(
-    path: Path, gpu: GpuFamily | None, roce: RoceFamily | None, stop: asyncio.Event
+    path: Path, labels: Callable[[], Mapping[str, str]], inventories: Sequence[Inventory]
 ) -> None:
-    """Write the feature file now and again whenever a resource's device list changes.
+    """Write the feature file now and again whenever a device list changes, until cancelled.
 
     Labels are optional: a file that cannot be written is logged (once until a write
     succeeds) and tried again on the next change; the device plugins keep serving.
     """
-    resources: list[Resource] = [
-        *(gpu.resources() if gpu else ()),
-        *(roce.resources() if roce else ()),
-    ]
     written: dict[str, str] | None = None
-    while not stop.is_set():
-        versions = [r.inventory.version for r in resources]
-        everything = node_labels(
-            gpu.gpus if gpu else [],
-            roce.nics if roce else [],
-            healthy_gpus=gpu.healthy_count() if gpu else 0,
-            healthy_nics=sum(1 for d in roce.resources()[0].inventory.devices if d.healthy)
-            if roce
-            else 0,
-        )
-        labels = family_labels(everything, gpu=gpu is not None, roce=roce is not None)
-        if labels != written:
-            written = _try_write(path, labels, failed=written is _FAILED)
-        waits: list[asyncio.Future[object]] = [
-            asyncio.ensure_future(r.inventory.wait_newer(v))
-            for r, v in zip(resources, versions, strict=True)
-        ]
-        waits.append(asyncio.ensure_future(stop.wait()))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+    while True:
+        versions = [i.version for i in inventories]
+        wanted = prefixed(labels())
+        if wanted != written:
+            failed = written is _FAILED
+            written = await asyncio.to_thread(_try_write, path, wanted, failed=failed)
+        await first(*(i.wait_newer(v) for i, v in zip(inventories, versions, strict=True)))

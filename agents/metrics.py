@@ -138,8 +138,8 @@ class MetricsServer:
             await self._server.wait_closed()
             self._server = None
 
-    async def serve(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set. Metrics are optional: if the address cannot be bound,
+    async def serve(self) -> None:
+        """Serve until cancelled. Metrics are optional: if the address cannot be bound,
         that is logged and the agent goes on without them."""
         try:
             await self.start()
@@ -150,10 +150,9 @@ class MetricsServer:
                 error=str(exc),
                 effect="device plugins keep serving; no /metrics or /healthz",
             )
-            await stop.wait()
             return
         try:
-            await stop.wait()
+            await asyncio.Event().wait()  # until cancelled
         finally:
             await self.stop()
 

@@ -8,7 +8,6 @@ its devices are once they are discovered, and again when they change.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -17,10 +16,12 @@ import structlog
 from agents.core.budget import Expired, never
 from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.core.subsets import PairCosts
-from agents.core.topology import PciLocation, Topology
+from agents.core.topology import Distance, PciLocation, Topology
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 
 log = structlog.get_logger(__name__)
+
+PAIRED_KINDS = frozenset({GPU, NIC})  # pairing runs when families of both kinds do
 
 
 class Pairing:
@@ -99,21 +100,12 @@ class Pairing:
         if change is not None:
             self.ledger.checkpoint(*change)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Take in each checkpoint rename as it happens, until `stop` is set."""
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                change = asyncio.ensure_future(self._checkpoint.next_change())
-                await asyncio.wait([change, stopped], return_when=asyncio.FIRST_COMPLETED)
-                if not change.done():
-                    change.cancel()
-                    break
-                read = change.result()
-                if read is not None:
-                    self.ledger.checkpoint(*read)
-        finally:
-            stopped.cancel()
+    async def run(self) -> None:
+        """Take in each checkpoint rename as it happens, until cancelled."""
+        while True:
+            read = await self._checkpoint.next_change()
+            if read is not None:
+                self.ledger.checkpoint(*read)
 
     async def refresh(self, resource: str) -> None:
         """Before a preferred answer of `resource`: who holds what now, by pod-resources,
@@ -162,6 +154,17 @@ class PairingSide:
         if self.pairing.active:
             self.pairing.sync()
             self.pairing.ledger.allocated(self.kind, ids)
+
+
+def pairs_label(gpus: Mapping[str, PciLocation], nics: Mapping[str, PciLocation]) -> dict[str, str]:
+    """The node label that says whether some GPU and NIC share a PCIe switch (PIX or PXB)."""
+    topology = Topology(dict(gpus), dict(nics))
+    close = any(
+        topology.pair_distance(gpu, next(iter(near))) <= Distance.PXB
+        for gpu, near in topology.pairs().items()
+        if near
+    )
+    return {"gpu-nic.pairs": str(close).lower()}
 
 
 def _log_event(event: Event) -> None:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.backends import Backends, real_backends, simulated_backends
 from agents.config import Config, load_config
 from agents.core.topology import Distance, Topology
-from agents.daemon import Backends, real_backends, simulated_backends
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
 from agents.roce.discovery import Nic
 from agents.roce.discovery import discover as discover_nics
@@ -26,7 +26,7 @@ LEGEND = (
 async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
     config = load_config(config_file) if config_file else Config.default()
     backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
-        simulated_backends(simulate) if simulate else contextlib.nullcontext(real_backends(config))
+        simulated_backends(simulate) if simulate else contextlib.nullcontext(real_backends())
     )
     async with backends_cm as backends:
         backends.nvml.init()

@@ -17,10 +17,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agents.backends import real_backends
 from agents.cli import configure_logging
 from agents.config import Config, load_config
-from agents.daemon import Agent, real_backends
+from agents.daemon import Agent
 from agents.errors import AgentError
+from agents.families import parse_families
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE, MIG_PREFIX
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 
@@ -83,13 +86,15 @@ async def smoke(config: Config, source: str, plugin_dir: Path) -> None:
     await kubelet.start()
     stop = asyncio.Event()
     try:
-        agent = Agent(config, source, plugin_dir, real_backends(config), families())
-        agent.start()  # BackendError when NVML cannot initialise
-        if agent.gpu is None or not agent.gpu.gpus:
+        agent = Agent(
+            config, source, plugin_dir, real_backends(), parse_families(",".join(families()))
+        )
+        await agent.start()  # BackendError when NVML cannot initialise
+        if agent.family(GpuFamily) is None or not agent.family(GpuFamily).gpus:
             raise SmokeError("NVML answered but lists no GPU")
         task = asyncio.ensure_future(agent.run(stop))
         try:
-            expected = {r.name for f in agent.family_objects for r in f.resources()}
+            expected = {r.name for f in agent.families.values() for r in f.resources()}
             await kubelet.wait_until(lambda k: listed(k, expected), WAIT_S)
             show_advertised(kubelet)
             resource = gpu_resource(kubelet)

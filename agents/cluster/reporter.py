@@ -75,31 +75,33 @@ class Reporter:
         self.book.add(note_of(change), self._now())
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event, current: Callable[[], list[DeviceHealth]]) -> None:
-        """Keep the API server true to `current()` and the changes until `stop`."""
+    async def run(self, current: Callable[[], list[DeviceHealth]]) -> None:
+        """Keep the API server true to `current()` and the changes until cancelled."""
         self._current = current
         log.info("cluster_reports", node=self.node, api=self._client.access.server)
         try:
-            await self._loop(stop)
+            await self._loop()
         except Exception:  # the reports are optional to the agent: never end it
             log.exception("cluster_reports_failed", effect="device plugins keep serving")
 
-    async def _loop(self, stop: asyncio.Event) -> None:
+    async def _loop(self) -> None:
         delay = self._first_retry_s
-        await _wait(stop, self._settle_s)
-        while not stop.is_set():
+        await asyncio.sleep(self._settle_s)
+        while True:
             self._wake.clear()
             try:
                 await self._sync()
             except (ApiError, UnreachableError) as exc:
                 self._failed(exc)
-                await _wait(stop, delay)
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, self._max_retry_s)
                 continue
             if self.reachable is False:
                 log.info("cluster_reachable", api=self._client.access.server)
             self.reachable, delay = True, self._first_retry_s
-            await _wait(stop, RESYNC_S, self._wake)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESYNC_S):
+                    await self._wake.wait()
 
     def _failed(self, exc: Exception) -> None:
         if self.reachable is not False:  # one line per outage, not per retry
@@ -217,20 +219,3 @@ def _condition_body(condition: Condition, now: str, since: str) -> dict[str, str
         "lastHeartbeatTime": now,
         "lastTransitionTime": since,
     }
-
-
-async def _wait(
-    stop: asyncio.Event, within: float | None, wake: asyncio.Event | None = None
-) -> None:
-    """Until `stop`, `wake` or the timeout, whichever is first."""
-    waits = [asyncio.ensure_future(stop.wait())]
-    if wake is not None:
-        waits.append(asyncio.ensure_future(wake.wait()))
-    try:
-        await asyncio.wait(waits, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
-        for w in waits:
-            with contextlib.suppress(asyncio.CancelledError):
-                await w

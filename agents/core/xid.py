@@ -48,6 +48,11 @@ class GpuHealth:
         self.policy = policy
         self._gpus: dict[str, _Gpu] = {}
 
+    def take_over(self, earlier: GpuHealth) -> None:
+        """Go on from what `earlier` knew of each GPU (its family rebuilt on a reload): a
+        GPU it held Unhealthy stays so; this policy applies from now on."""
+        self._gpus = earlier._gpus
+
     def xid(self, uuid: str, xid: int, now: float) -> bool:
         """Record an XID event; True when it is critical and was not pending already."""
         if not is_critical(xid, self.policy.disabled_xids):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -17,7 +17,7 @@ from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
 from agents.gpu.allocation import container_allocation
 from agents.gpu.plan import ResourcePlan, Unit
-from agents.plugin.resource import Inventory
+from agents.plugin.resource import Inventory, listed
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -69,6 +69,15 @@ class GpuResource:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def summary(self) -> str:
+        return "whole GPUs" if self.whole_gpus else "shared or MIG GPUs"
+
+    def definition(self) -> Hashable:
+        """Devices and what Allocate hands out: a change registers the resource again."""
+        options = self._options
+        return listed(self._inventory), options.flags, options.fail_requests_greater_than_one
 
     @property
     def inventory(self) -> Inventory:

@@ -60,6 +60,7 @@ class DirectoryWatch:
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._inotify.fileno(), self._on_readable)
         self._closed = False
+        self._queued = asyncio.Event()
 
     def _read(self) -> list[FsEvent]:
         out: list[FsEvent] = []
@@ -83,9 +84,16 @@ class DirectoryWatch:
                 listener(event)
         if batch:
             self._queue.put_nowait(batch)
+            self._queued.set()
 
     def _on_readable(self) -> None:
         self.poll()
+
+    async def changed(self) -> None:
+        """Wait until events are queued, taking none of them (drain() does)."""
+        while self._queue.empty():
+            self._queued.clear()
+            await self._queued.wait()
 
     async def next_batch(self) -> list[FsEvent]:
         """Wait for the next batch of events."""

@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
@@ -26,8 +25,9 @@ from agents.api import api_pb2_grpc as pb_grpc
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 from agents.plugin.resource import Resource
-from agents.plugin.server import DevicePluginServer
+from agents.plugin.server import DevicePluginServer, socket_name
 from agents.plugin.telemetry import NoTelemetry, Telemetry
+from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +61,7 @@ class PluginManager:
         self._next_waiting_log: float | None = None
         self.servers: dict[str, DevicePluginServer] = {}  # served (and to be registered)
         self.idle: dict[str, DevicePluginServer] = {}  # no devices yet: neither
+        self.check(resources)
         for resource in resources:
             self._add(self._server(resource))
         self._unregistered: set[str] = set(self.servers)
@@ -71,16 +72,14 @@ class PluginManager:
         # which would restart the server and cut the stream that kubelet just opened.
         self._registered_with: dict[str, tuple[int, int]] = {}
 
-    def _server(self, resource: Resource) -> DevicePluginServer:
-        hook = self._before_preferred
-        server = DevicePluginServer(
-            resource,
-            self.plugin_dir,
-            on_stream_lost=self._stream_lost,
-            telemetry=self._telemetry,
-            before_preferred=None if hook is None else functools.partial(hook, resource.name),
-        )
-        for path in (self.kubelet_socket, server.socket_path):
+    def check(self, resources: Sequence[Resource]) -> None:
+        """Raise ConfigError if some resource could not be served from plugin_dir, or two
+        would be served under one name."""
+        names = [r.name for r in resources]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError("resource names", twice[0], "one resource of each name; two have it")
+        for path in (self.kubelet_socket, *(self._socket(r) for r in resources)):
             if len(os.fsencode(path)) > SUN_PATH_MAX:
                 raise ConfigError(
                     "--device-plugin-dir",
@@ -88,7 +87,20 @@ class PluginManager:
                     f"a directory short enough for unix socket paths of at most {SUN_PATH_MAX} "
                     f"bytes; {path} is {len(os.fsencode(path))}",
                 )
-        return server
+
+    def _socket(self, resource: Resource) -> Path:
+        return self.plugin_dir / socket_name(resource.name)
+
+    def _server(self, resource: Resource) -> DevicePluginServer:
+        self.check([resource])
+        hook = self._before_preferred
+        return DevicePluginServer(
+            resource,
+            self.plugin_dir,
+            on_stream_lost=self._stream_lost,
+            telemetry=self._telemetry,
+            before_preferred=None if hook is None else functools.partial(hook, resource.name),
+        )
 
     def _add(self, server: DevicePluginServer) -> None:
         """File a new server as served, or as idle (with a log line) while it has no devices."""
@@ -124,13 +136,13 @@ class PluginManager:
         self._unregistered.add(resource)
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Serve and register until `stop` is set; then stop every server (sockets removed)."""
+    async def run(self) -> None:
+        """Serve and register until cancelled; then stop every server (sockets removed)."""
         with DirectoryWatch(self.plugin_dir) as watch:
             try:
                 for server in list(self.servers.values()):
                     await server.start()
-                await self._loop(watch, stop)
+                await self._loop(watch)
             finally:
                 for server in list(self.servers.values()):
                     await server.stop()
@@ -170,9 +182,9 @@ class PluginManager:
                 self.servers[name] = self.idle.pop(name)
                 self._unregistered.add(name)
 
-    async def _loop(self, watch: DirectoryWatch, stop: asyncio.Event) -> None:
+    async def _loop(self, watch: DirectoryWatch) -> None:
         delay = RETRY_INITIAL_S
-        while not stop.is_set():
+        while True:
             await self._handle(watch.drain())
             await self._serve_idle()
             present = self.kubelet_socket.exists()
@@ -180,7 +192,7 @@ class PluginManager:
                 registered_all = await self._register_pending()
                 delay = RETRY_INITIAL_S if registered_all else min(delay * 2, RETRY_MAX_S)
             retry_in = delay if self._unregistered and present else None
-            await self._wait(watch, stop, self._log_waiting(present, retry_in))
+            await self._wait(watch, self._log_waiting(present, retry_in))
 
     def _log_waiting(self, present: bool, retry_in: float | None) -> float | None:
         """Say that kubelet.sock is missing, now and every waiting_log_s while it stays so;
@@ -199,30 +211,17 @@ class PluginManager:
         until_log = self._next_waiting_log - now
         return until_log if retry_in is None else min(retry_in, until_log)
 
-    async def _wait(
-        self, watch: DirectoryWatch, stop: asyncio.Event, retry_in: float | None
-    ) -> None:
+    async def _wait(self, watch: DirectoryWatch, retry_in: float | None) -> None:
         """Sleep until a directory event, a lost stream, devices for an idle resource,
-        stop, or `retry_in` seconds."""
+        or `retry_in` seconds."""
         self._wake.clear()
-        events = asyncio.ensure_future(watch.next_batch())
-        others: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(stop.wait()),
-            asyncio.ensure_future(self._wake.wait()),
-        ]
-        others += [
-            asyncio.ensure_future(s.resource.inventory.wait_newer(s.resource.inventory.version))
-            for s in self.idle.values()
-        ]
-        try:
-            done, _ = await asyncio.wait(
-                [events, *others], timeout=retry_in, return_when=asyncio.FIRST_COMPLETED
-            )
-            if events in done:
-                await self._handle(events.result())
-        finally:
-            for task in [events, *others]:
-                task.cancel()
+        inventories = [s.resource.inventory for s in self.idle.values()]
+        await first(
+            self._wake.wait(),
+            *(i.wait_newer(i.version) for i in inventories),
+            watch.changed(),
+            within=retry_in,
+        )
 
     async def _handle(self, events: list[FsEvent]) -> None:
         for event in events:

@@ -54,6 +54,11 @@ class Inventory:
             await self._changed.wait()
 
 
+def listed(inventory: Inventory) -> tuple[tuple[str, int | None], ...]:
+    """The devices as the kubelet lists them, health aside: IDs and NUMA nodes."""
+    return tuple((d.id, d.numa) for d in inventory.devices)
+
+
 class Resource(Protocol):
     """One advertised resource of a family.
 

@@ -16,10 +16,12 @@ import structlog
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
+from agents.core.device import Device
 from agents.errors import AllocationError, Code
 from agents.plugin import requests, wire
 from agents.plugin.resource import Resource
 from agents.plugin.telemetry import NoTelemetry, Telemetry
+from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
@@ -170,18 +172,22 @@ class DevicePluginServer:
         kubelet, self._expecting_kubelet = self._expecting_kubelet, False
         self._streams += 1
         inventory, sent = self.resource.inventory, -1
+        listed: tuple[Device, ...] | None = None
         try:
             while not closing.is_set():
                 if self._frozen is closing:  # (self.frozen, for this stream's serving)
                     await closing.wait()  # a new registration is coming: it brings the list
                     break
                 if inventory is not self.resource.inventory:
-                    inventory, sent = self.resource.inventory, -1
+                    # A resource rebuilt on reload: the same list is no news. The kubelet
+                    # would write its checkpoint for it, which reads as a container's end.
+                    inventory = self.resource.inventory
+                    sent = inventory.version if inventory.devices == listed else -1
                 if inventory.version != sent:
-                    sent = inventory.version
-                    yield wire.list_message(inventory.devices)
+                    sent, listed = inventory.version, inventory.devices
+                    yield wire.list_message(listed)
                     continue
-                await _first(inventory.wait_newer(sent), closing.wait(), self._swapped.wait())
+                await first(inventory.wait_newer(sent), closing.wait(), self._swapped.wait())
         except asyncio.CancelledError:
             if closing.is_set():
                 raise
@@ -218,16 +224,6 @@ class DevicePluginServer:
             self._telemetry.rpc_done(
                 self.resource.name, method, time.perf_counter() - started, code
             )
-
-
-async def _first(*waits: Awaitable[object]) -> None:
-    """Wait until the first of several awaitables completes; cancel the rest."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]

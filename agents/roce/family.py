@@ -1,4 +1,5 @@
-"""The RoCE family: discovers NICs and keeps their health from link and RDMA port state.
+"""The RoCE family: NICs from one discovery, their health kept from link and RDMA port
+state, and the NIC list kept current as functions come and go.
 
 Link changes are pushed by the kernel (netlink) and wake the loop at once; the RDMA
 port state in sysfs is a second signal, read on every wake and once per PORT_POLL_S.
@@ -8,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -18,9 +18,10 @@ from agents.config import Config
 from agents.core.debounce import Debouncer
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
+from agents.core.topology import PciLocation
+from agents.family import Family, HealthSink, Located
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.roce.discovery import Nic, discover
 from agents.roce.resource import RoceResource
 
@@ -34,6 +35,25 @@ FLAP_HOLD_S = 2.0  # after a reported change, later flaps of that NIC wait this 
 ACTIVE = "ACTIVE"
 
 
+@dataclass(frozen=True)
+class NicsFound:
+    """What one discovery found: the NICs and their RDMA port states."""
+
+    nics: tuple[Nic, ...]
+    ports: dict[str, str | None]  # PCI address -> port state
+
+
+def discover_nics(sysfs: Sysfs, config: Config) -> NicsFound:
+    """Blocking (sysfs)."""
+    nics = discover(sysfs, config.roce.selectors)
+    return NicsFound(tuple(nics), port_states(sysfs, nics))
+
+
+def port_states(sysfs: Sysfs, nics: Sequence[Nic]) -> dict[str, str | None]:
+    """Blocking (sysfs): each NIC's RDMA port state."""
+    return {nic.pci: sysfs.port_state(nic.rdma, nic.port) for nic in nics}
+
+
 class RoceFamily:
     name = "roce"
 
@@ -41,34 +61,28 @@ class RoceFamily:
         self,
         sysfs: Sysfs,
         links: LinkMonitor,
+        found: NicsFound,
         config: Config,
         *,
-        dev_root: Path | None = None,
-        telemetry: Telemetry | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        dev_root: str = "",
+        health: HealthSink | None = None,
         pairing: PairingSide | None = None,
-        on_health: Callable[[DeviceHealth], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._on_health = on_health  # told of each health change; must not block
+        self._sink = health  # told of each evaluation; must not block
         self._reasons: dict[str, str] = {}  # why each Unhealthy NIC turned so
         self._sysfs = sysfs
-        self._links = links
+        self._links = links  # the agent's: it closes them
         self._selectors = config.roce.selectors
-        self._telemetry = telemetry or NoTelemetry()
         self._clock = clock
         self._health: Debouncer[str, bool] = Debouncer(FLAP_HOLD_S)
+        self._nics = list(found.nics)
         self._resource = RoceResource(
-            config.roce.resource_name,
-            [],
-            dev_root="" if dev_root is None else str(dev_root),
-            pairing=pairing,
+            config.roce.resource_name, self._nics, dev_root=dev_root, pairing=pairing
         )
-        self._nics: list[Nic] = []
         self._pushed: tuple[list[Nic], dict[str, bool]] | None = None  # last set_nics
-
-    def start(self) -> None:
-        self._nics = discover(self._sysfs, self._selectors)
-        self._refresh()
+        self._ports = found.ports  # as discovered: the state until the first wake
+        self._apply(self._nics, self._ports)
         log.info("nics_discovered", count=len(self._nics), nics=[n.pci for n in self._nics])
 
     def resources(self) -> Sequence[RoceResource]:
@@ -78,66 +92,78 @@ class RoceFamily:
     def nics(self) -> list[Nic]:
         return self._nics
 
-    async def run(self, stop: asyncio.Event) -> None:
-        stopped = asyncio.ensure_future(stop.wait())  # one waiter for all polls
-        try:
-            while not stop.is_set():
-                changed = await self._wait(stopped)
-                if changed:
-                    self._nics = discover(self._sysfs, self._selectors)
-                self._refresh()
-        finally:
-            stopped.cancel()
-            self._links.close()
+    def located(self) -> Located:
+        return Located(self._resource.name, {n.pci: n.location for n in self._nics})
 
-    async def _wait(self, stopped: asyncio.Future[Any]) -> bool:
+    def locations(self) -> dict[str, PciLocation]:
+        return {n.pci: n.location for n in self._nics if n.location is not None}
+
+    def labels(self) -> dict[str, str]:
+        healthy = sum(1 for d in self._resource.inventory.devices if d.healthy)
+        return {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
+
+    async def run(self) -> None:
+        """Keep health and the NIC list current until cancelled."""
+        self._publish()  # the state found at discovery, NICs already down included
+        while True:
+            changed = await self._links.next_change(self._timeout())
+            nics = self._nics
+            if changed:
+                nics = await asyncio.to_thread(discover, self._sysfs, self._selectors)
+            ports = await asyncio.to_thread(port_states, self._sysfs, nics)
+            if self._apply(nics, ports):
+                self._publish()
+
+    def follow(self, earlier: Family) -> None:
+        if not isinstance(earlier, RoceFamily):
+            return
+        self._health, self._reasons = earlier._health, earlier._reasons
+        self._apply(self._nics, self._ports)
+
+    async def close(self) -> None:
+        """Nothing to give back: the links are the agent's."""
+
+    def _timeout(self) -> float:
         due = self._health.next_due()
-        timeout = PORT_POLL_S if due is None else max(0.0, min(PORT_POLL_S, due - self._clock()))
-        change = asyncio.ensure_future(self._links.next_change(timeout))
-        try:
-            await asyncio.wait([change, stopped], return_when=asyncio.FIRST_COMPLETED)
-            return change.done() and change.result()
-        finally:
-            change.cancel()
+        return PORT_POLL_S if due is None else max(0.0, min(PORT_POLL_S, due - self._clock()))
 
-    def _state(self, nic: Nic) -> tuple[bool, str]:
+    def _state(self, nic: Nic, port: str | None) -> tuple[bool, str]:
         link = self._links.state(nic.netdev)
         if link is not LinkState.UP:
             return False, f"link_{link.value}"
-        port = self._sysfs.port_state(nic.rdma, nic.port)
         if port != ACTIVE:
             return False, f"port_{(port or 'absent').lower()}"
         return True, "up"
 
-    def _refresh(self) -> None:
+    def _apply(self, nics: list[Nic], ports: Mapping[str, str | None]) -> bool:
+        """Take in the NICs and their port states; True when the advertised list or its
+        health changed."""
         now = self._clock()
-        before = {n.pci: self._health.value(n.pci) for n in self._nics}
-        reasons = {}
-        for nic in self._nics:
-            ok, reasons[nic.pci] = self._state(nic)
-            self._health.observe(nic.pci, ok, now)
+        before = {n.pci: self._health.value(n.pci) for n in nics}
+        states = {n.pci: self._state(n, ports.get(n.pci)) for n in nics}
+        for nic in nics:
+            self._health.observe(nic.pci, states[nic.pci][0], now)
         self._health.flush_due(now)
-        healthy = {n.pci: bool(self._health.value(n.pci)) for n in self._nics}
-        for nic in self._nics:
+        healthy = {n.pci: bool(self._health.value(n.pci)) for n in nics}
+        for nic in nics:
             if not healthy[nic.pci] and (
                 before[nic.pci] is not False or nic.pci not in self._reasons
             ):
-                self._reasons[nic.pci] = reasons[nic.pci]
-            if before[nic.pci] is not None and before[nic.pci] != healthy[nic.pci]:
-                self._report(nic, healthy[nic.pci], reasons[nic.pci])
+                self._reasons[nic.pci] = states[nic.pci][1]
         # Most polls change nothing: rebuilding the device list then is wasted work.
-        if self._pushed != (self._nics, healthy):
-            self._pushed = (self._nics, healthy)
-            self._resource.set_nics(self._nics, healthy)
+        if self._pushed == (nics, healthy):
+            return False
+        pairing = self._resource.pairing
+        if pairing is not None and nics != self._nics:
+            pairing.located(self._resource.name, {n.pci: n.location for n in nics})
+        self._nics = nics
+        self._pushed = (nics, healthy)
+        self._resource.set_nics(nics, healthy)
+        return True
 
-    def _report(self, nic: Nic, ok: bool, reason: str) -> None:
-        if ok:
-            log.info("device_healthy", nic=nic.pci, netdev=nic.netdev)
-        else:
-            log.warning("device_unhealthy", nic=nic.pci, netdev=nic.netdev, reason=reason)
-        self._telemetry.health_event(self._resource.name, "recovered" if ok else reason)
-        if self._on_health is not None:
-            self._on_health(self._state_of(nic, ok))
+    def _publish(self) -> None:
+        if self._sink is not None:
+            self._sink.publish(self.device_health())
 
     def device_health(self) -> list[DeviceHealth]:
         """Every advertised NIC as the cluster is told of it."""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
-from agents.plugin.resource import Inventory
+from agents.plugin.resource import Inventory, listed
 from agents.roce.discovery import Nic
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
@@ -40,6 +40,12 @@ class RoceResource:
     def name(self) -> str:
         return self._name
 
+    summary = "NICs"
+
+    def definition(self) -> Hashable:
+        """The devices: a change registers the resource again."""
+        return listed(self._inventory)
+
     @property
     def inventory(self) -> Inventory:
         return self._inventory
@@ -47,8 +53,6 @@ class RoceResource:
     def set_nics(self, nics: Sequence[Nic], healthy: Mapping[str, bool]) -> bool:
         """Advertise exactly these NICs with this health; True if the list changed."""
         self.nics = {n.pci: n for n in nics}
-        if self.pairing is not None:
-            self.pairing.located(self._name, {n.pci: n.location for n in nics})
         return self._inventory.replace(
             Device(n.pci, healthy.get(n.pci, False), n.numa) for n in nics
         )

@@ -52,6 +52,11 @@ class SimNvml:
     def shutdown(self) -> None:
         self._refs = max(self._refs - 1, 0)
 
+    @property
+    def inits(self) -> int:
+        """Initialisations not yet shut down, as NVML counts them."""
+        return self._refs
+
     def driver_version(self) -> str:
         self._require_init()
         return DRIVER_VERSION

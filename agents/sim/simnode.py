@@ -4,8 +4,6 @@ step with edits of the file (fault injection) while the agent runs."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
@@ -75,17 +73,15 @@ class SimulatedNode:
         self._applied_now(spec)
         return spec
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Watch the node file until `stop` is set; apply each valid edit."""
+    async def run(self) -> None:
+        """Watch the node file until cancelled; apply each valid edit."""
         if self._spec is None:
             self.load()
         with DirectoryWatch(self.node_file.parent, Change.CREATED | Change.WRITTEN) as watch:
             await self.reload()  # an edit made before the watch began
             self.watching.set()
             while True:
-                batch = await _unless_stopped(watch.next_batch(), stop)
-                if batch is None:
-                    return
+                batch = await watch.next_batch()
                 if any(event.name == self.node_file.name for event in batch):
                     await self.reload()
 
@@ -128,18 +124,3 @@ def _loaded(value: T | None) -> T:
     if value is None:
         raise RuntimeError("SimulatedNode.load() has not run")
     return value
-
-
-async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
-    """The result of `work`, or None as soon as `stop` is set."""
-    task = asyncio.ensure_future(work)
-    stopper = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, stopper):
-            if not pending.done():
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pending
-    return None if task.cancelled() else task.result()

@@ -15,10 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agents.backends import simulated_backends
 from agents.config import Config, Pairing
 from agents.core.gpu_choice import choose_gpus
 from agents.core.topology import Distance, Topology
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
+from agents.roce.family import RoceFamily
 from agents.sim.bundled import bundled_node
 from agents.standin.foreign import FlappingPlugin
 from agents.standin.kubelet import Container, Kubelet, Pod
@@ -116,11 +119,11 @@ async def topology_of(node_file: Path, plugin_dir: Path) -> Topology:
     config = dataclasses.replace(Config.default(), pairing=Pairing(enabled=False))
     async with simulated_backends(node_file) as backends:
         agent = Agent(config, "<topology>", plugin_dir, backends)
-        agent.start()
-        assert agent.gpu is not None and agent.roce is not None
+        await agent.start()
+        assert agent.family(GpuFamily) is not None and agent.family(RoceFamily) is not None
         return Topology(
-            {g.uuid: g.location for g in agent.gpu.gpus if g.location},
-            {n.pci: n.location for n in agent.roce.nics if n.location},
+            {g.uuid: g.location for g in agent.family(GpuFamily).gpus if g.location},
+            {n.pci: n.location for n in agent.family(RoceFamily).nics if n.location},
         )
 
 
@@ -198,7 +201,7 @@ class AgentUnderTest:
             agent = Agent(
                 config, "<bench>", self.plugin_dir, backends, pod_resources_socket=self.socket
             )
-            agent.start()
+            await agent.start()
             self._task = asyncio.ensure_future(agent.run(self._stop))
         await kubelet.wait_until(_ready, 30)
 

@@ -274,7 +274,7 @@ def _logged_lost(deployment: Deployment, uuid: str) -> bool:
             event = json.loads(line)
         except ValueError:
             continue
-        wanted = {"event": "device_unhealthy", "gpu": uuid, "reason": "lost"}
+        wanted = {"event": "device_unhealthy", "device": uuid, "reason": "lost"}
         if wanted.items() <= event.items():
             return True
     return False

@@ -6,8 +6,9 @@ import asyncio
 import threading
 from pathlib import Path
 
+from agents.backends import simulated_backends
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.plugin.server import socket_name
 from hack.benchlib.agent import Client
 
@@ -54,7 +55,7 @@ class LiveAgent:
         self._stop = asyncio.Event()
         async with simulated_backends(self.node_file) as backends:
             agent = Agent(self.config, "<fuzz>", self.plugin_dir, backends)
-            manager = agent.start()
+            manager = await agent.start()
             self.resources = sorted(manager.servers)
             self._ready.set()
             await agent.run(self._stop)

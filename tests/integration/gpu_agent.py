@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from agents.backends import Backends, simulated_backends
 from agents.config import Config, parse_config
-from agents.daemon import Agent, Backends, HealthReporter, simulated_backends
+from agents.daemon import Agent, HealthReporter
+from agents.families import parse_families
 from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
@@ -105,8 +107,15 @@ async def running_agent(
     try:
         async with simulated_backends(node_file) as backends:
             parsed = config(cfg) if isinstance(cfg, str) else cfg
-            agent = Agent(parsed, CONFIG_SOURCE, plugin_dir, backends, families, reporter=reporter)
-            agent.start()
+            agent = Agent(
+                parsed,
+                CONFIG_SOURCE,
+                plugin_dir,
+                backends,
+                parse_families(",".join(families)),
+                reporter=reporter,
+            )
+            await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
                 yield Running(agent, kubelet, backends, node_file)

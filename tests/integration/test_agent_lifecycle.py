@@ -16,9 +16,11 @@ import pytest
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
+from agents.backends import simulated_backends
 from agents.config import Config, parse_config
 from agents.core.xid import HOLD_S
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
 from agents.roce.family import FLAP_HOLD_S
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.conditions import async_wait_until
@@ -58,7 +60,7 @@ async def running(
 ) -> AsyncIterator[RunningAgent]:
     async with simulated_backends(node_file) as backends:
         agent = Agent(config or Config.default(), "<test>", plugin_dir, backends)
-        agent.start()
+        await agent.start()
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         handle = RunningAgent(agent, task, stop)
@@ -301,8 +303,8 @@ async def test_xid_turns_the_gpu_unhealthy_within_a_second_and_only_a_reset_heal
 
     # A reset: the GPU falls off the bus and answers again; Healthy after the hold time.
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", True), atomic=atomic)
-    assert agent.agent.gpu is not None
-    gpu = agent.agent.gpu
+    assert agent.agent.family(GpuFamily) is not None
+    gpu = agent.agent.family(GpuFamily)
     await async_wait_until(lambda: gpu.unhealthy_reason(victim) == "lost", WAIT, "lost seen")
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", False), atomic=atomic)
     took = await timed_wait(kubelet, lambda k: health(k, GPU, victim) == "Healthy", WAIT * 2)

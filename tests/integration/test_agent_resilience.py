@@ -18,11 +18,13 @@ import structlog
 from structlog.processors import TimeStamper
 from structlog.testing import LogCapture
 
+from agents.backends import simulated_backends
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.plugin.manager import WAITING_LOG_S, PluginManager
 from agents.plugin.resource import Inventory
 from agents.standin.kubelet import Kubelet
+from agents.tasks import until
 from tests.conditions import async_wait_until
 from tests.integration.test_agent_lifecycle import GPU, NIC, WAIT, listed
 
@@ -49,7 +51,7 @@ def events(captured: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 async def agent_on(node_file: Path, plugin_dir: Path, **options: Any) -> AsyncIterator[Agent]:
     async with simulated_backends(node_file) as backends:
         agent = Agent(Config.default(), "<test>", plugin_dir, backends, **options)
-        agent.start()
+        await agent.start()
         stop = asyncio.Event()
         task = asyncio.ensure_future(agent.run(stop))
         try:
@@ -102,7 +104,7 @@ async def test_missing_kubelet_socket_is_logged_again_each_interval_until_it_app
     manager = PluginManager(plugin_dir, [_Listed("example.com/dev", 2)], waiting_log_s=interval)
     stop = asyncio.Event()
     with logs() as captured:
-        task = asyncio.ensure_future(manager.run(stop))
+        task = asyncio.ensure_future(until(stop, manager.run))
         try:
             await async_wait_until(lambda: len(events(captured, "waiting_for_kubelet")) >= 3, WAIT)
             kubelet = Kubelet(plugin_dir, seed=1)

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
+from agents.backends import simulated_backends
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
-from agents.roce.family import FLAP_HOLD_S
+from agents.daemon import Agent
+from agents.families import parse_families
+from agents.roce.family import FLAP_HOLD_S, RoceFamily
 from agents.standin.apiserver import ApiServer
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
@@ -75,8 +77,8 @@ class Running:
 
 async def _follow(running: Running) -> None:
     """Record every change of the NIC's health in the agent's device list."""
-    assert running.agent.roce is not None
-    inventory = running.agent.roce.resources()[0].inventory
+    assert running.agent.family(RoceFamily) is not None
+    inventory = running.agent.family(RoceFamily).resources()[0].inventory
     while True:
         version = inventory.version
         device = inventory.get(running.pci)
@@ -101,10 +103,10 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
                 "<test>",
                 kubelet.plugin_dir,
                 backends,
-                ("roce",),
+                parse_families("roce"),
                 reporter=reporter,
             )
-            agent.start()
+            await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             run = Running(agent, kubelet, server, node["nics"][0]["pci"], netns)
             follower = asyncio.ensure_future(_follow(run))

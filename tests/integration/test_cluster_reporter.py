@@ -15,6 +15,7 @@ from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth, note_of
 from agents.standin.apiserver import HANG, REFUSE, UP, ApiServer
+from agents.tasks import until
 from tests.conditions import async_wait_until
 
 NODE = "node-1"
@@ -57,7 +58,7 @@ async def setup() -> AsyncIterator[Setup]:
     reporter = Reporter(NODE, client, first_retry_s=0.05, max_retry_s=0.2, settle_s=0)
     s = Setup(server, reporter, {GPU0.device_id: GPU0, NIC_UP.device_id: NIC_UP})
     stop = asyncio.Event()
-    task = asyncio.ensure_future(reporter.run(stop, lambda: list(s.state.values())))
+    task = asyncio.ensure_future(until(stop, lambda: reporter.run(lambda: list(s.state.values()))))
     try:
         yield s
     finally:

@@ -21,6 +21,7 @@ from agents.cluster.client import ApiClient, UnreachableError
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth
 from agents.standin.apiserver import ApiServer
+from agents.tasks import until
 from tests.conditions import async_wait_until
 
 NODE = "tls-node"
@@ -103,7 +104,7 @@ async def test_reports_go_over_tls_with_a_client_certificate(server: ApiServer, 
     reporter = Reporter(NODE, ApiClient(access), settle_s=0)
     stop = asyncio.Event()
     bad = DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", False, "lost")
-    task = asyncio.ensure_future(reporter.run(stop, lambda: [bad]))
+    task = asyncio.ensure_future(until(stop, lambda: reporter.run(lambda: [bad])))
     reporter.changed(bad)
     try:
         await async_wait_until(lambda: len(server.store.events) == 1, 10.0)

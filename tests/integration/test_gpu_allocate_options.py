@@ -17,12 +17,15 @@ import pytest
 import structlog
 import yaml
 
+from agents.backends import Backends
 from agents.config import Config
 from agents.core.topology import Distance, distance
-from agents.daemon import Agent, Backends
+from agents.daemon import Agent
 from agents.errors import BackendError
+from agents.families import parse_families
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.discovery import Gpu
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.hw.nvml_backend import NvmlBackend
 from agents.sim.bundled import bundled_node
@@ -145,7 +148,7 @@ async def test_fail_on_init_error_false_serves_roce_without_gpus(
     try:
         with structlog.testing.capture_logs() as logs:
             agent = Agent(cfg, "cfg.yaml", plugin_dir, backends)
-            agent.start()
+            await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:
             await kubelet.wait_until(lambda k: k.capacity() == {NIC_RESOURCE: 8}, WAIT)
@@ -160,16 +163,20 @@ async def test_fail_on_init_error_false_serves_roce_without_gpus(
     gpu_lines = [e for e in logs if "gpu" in e["event"] or "nvml" in e["event"]]
     assert [e["event"] for e in gpu_lines] == ["gpu_family_disabled"]
     assert "NVML" in gpu_lines[0]["reason"]
-    assert agent.gpu is not None and agent.gpu.resources() == []
+    assert agent.family(GpuFamily) is not None and agent.family(GpuFamily).resources() == []
 
 
 @needs_no_nvml
-def test_fail_on_init_error_true_raises_backend_error(node_without_nvml: SimulatedNode) -> None:
+async def test_fail_on_init_error_true_raises_backend_error(
+    node_without_nvml: SimulatedNode,
+) -> None:
     node = node_without_nvml
     backends = Backends(NvmlBackend(), node.sysfs, node.links, node.dev_root)
-    agent = Agent(Config.default(), "<defaults>", Path("/nonexistent"), backends, ("gpu",))
+    agent = Agent(
+        Config.default(), "<defaults>", Path("/nonexistent"), backends, parse_families("gpu")
+    )
     with pytest.raises(BackendError, match="NVML unavailable"):
-        agent.start()
+        await agent.start()
 
 
 @needs_no_nvml
@@ -229,8 +236,8 @@ async def test_two_gpus_preferred_share_a_pcie_switch_when_nvlinks_tie(tmp_path:
     # Full NVLink mesh, one link per pair; two GPUs per PCIe switch.
     async with running_agent(tmp_path, node="h100-8gpu-4nic") as run:
         await run.registered({GPU_RESOURCE: GPUS})
-        assert run.agent.gpu is not None
-        gpus = run.agent.gpu.gpus
+        assert run.agent.family(GpuFamily) is not None
+        gpus = run.agent.family(GpuFamily).gpus
         for n in range(GPUS // 2):
             ids, _ = await admit(run, f"p{n}", 2)
             assert pcie_distance(gpus, *ids) == Distance.PIX, ids
@@ -256,9 +263,9 @@ async def test_more_nvlinks_outweigh_a_shared_pcie_switch(tmp_path: Path) -> Non
     node.write_text(yaml.safe_dump(doc, sort_keys=False))
     async with running_agent(tmp_path, node=node) as run:
         await run.registered({GPU_RESOURCE: GPUS})
-        assert run.agent.gpu is not None
+        assert run.agent.family(GpuFamily) is not None
         ids, _ = await admit(run, "p", 2)
         assert sorted(ids) == sorted([gpu0["uuid"], gpu5["uuid"]])
-        assert pcie_distance(run.agent.gpu.gpus, *ids) == Distance.SYS
+        assert pcie_distance(run.agent.family(GpuFamily).gpus, *ids) == Distance.SYS
         ids, _ = await admit(run, "q", 2)  # the rest of the mesh ties: a switch pair again
-        assert pcie_distance(run.agent.gpu.gpus, *ids) == Distance.PIX
+        assert pcie_distance(run.agent.family(GpuFamily).gpus, *ids) == Distance.PIX

@@ -21,12 +21,13 @@ from agents.config import Config
 from agents.core.gpu_choice import choose_gpus
 from agents.core.xid import HOLD_S
 from agents.gpu.discovery import discover, gpu_distance, nvlink_counts
-from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.hw.nvml import NVSWITCH_BUS_ID
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
+from agents.tasks import until
 from tests.conditions import async_wait_until, wait_until
+from tests.families import gpu_family
 from tests.integration.gpu_agent import running_agent
 
 FAULT_SEEN_WITHIN = 2.0
@@ -88,13 +89,13 @@ async def test_hung_gpu_turns_unhealthy_after_the_bound_while_others_are_still_p
     shutil.copy(bundled_node("h100-8gpu-8nic"), node_file)
     node = SimulatedNode(node_file, tmp_path / "root")
     node.load()
-    family = GpuFamily(
-        node.nvml, node.sysfs, Config.default(), config_source="<t>", hang_s=HANG_BOUND_S
-    )
-    family.start()
+    family = gpu_family(node.nvml, node.sysfs, Config.default(), hang_s=HANG_BOUND_S)
     uuids = [g.uuid for g in family.gpus]
     stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(family.run(stop)), asyncio.ensure_future(node.run(stop))]
+    tasks = [
+        asyncio.ensure_future(until(stop, family.run)),
+        asyncio.ensure_future(until(stop, node.run)),
+    ]
     try:
         await asyncio.wait_for(node.watching.wait(), 5)
         _edit(node_file, lambda d: d["gpus"][2].__setitem__("nvml", {"hang": 30}))

@@ -16,7 +16,9 @@ from agents.gpu.family import GpuFamily
 from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
 from agents.sim.nvml import SimNvml
 from agents.sim.simnode import SimulatedNode
+from agents.tasks import until
 from tests.conditions import async_wait_until
+from tests.families import gpu_family
 
 REPLICAS = 4
 
@@ -84,8 +86,7 @@ async def start_family(node_file: Path, root: Path) -> tuple[GpuFamily, SteppedN
     nvml = SteppedNvml(node.nvml)
     sharing = f"{{resources: [{{name: nvidia.com/gpu, replicas: {REPLICAS}}}]}}"
     config = parse_config(f"sharing: {{timeSlicing: {sharing}}}", "<test>")
-    family = GpuFamily(nvml, node.sysfs, config, config_source="<test>")
-    family.start()
+    family = gpu_family(nvml, node.sysfs, config)
     return family, nvml, len(node.spec.gpus)
 
 
@@ -93,7 +94,7 @@ async def start_family(node_file: Path, root: Path) -> tuple[GpuFamily, SteppedN
 async def probed(node_file: Path, tmp_path: Path) -> AsyncIterator[Probed]:
     family, nvml, gpus = await start_family(node_file, tmp_path / "root")
     stop = asyncio.Event()
-    task = asyncio.ensure_future(family.run(stop))
+    task = asyncio.ensure_future(until(stop, family.run))
     try:
         yield Probed(family, nvml, gpus)
     finally:
@@ -138,7 +139,7 @@ async def test_stop_ends_the_family_while_nvml_is_still_waiting(
 ) -> None:
     family, nvml, _ = await start_family(node_file, tmp_path / "root")
     stop = asyncio.Event()
-    task = asyncio.ensure_future(family.run(stop))
+    task = asyncio.ensure_future(until(stop, family.run))
     await async_wait_until(lambda: nvml.status_calls > 0, what="the first probe")
     stop.set()  # no tick: the NVML wait is still pending
     await asyncio.wait_for(task, 5)
@@ -153,7 +154,7 @@ async def test_a_failed_event_wait_is_logged_and_probing_goes_on(
     lost = family.gpus[0].uuid
     nvml.lose(lost)
     stop = asyncio.Event()
-    task = asyncio.ensure_future(family.run(stop))
+    task = asyncio.ensure_future(until(stop, family.run))
     try:
         await async_wait_until(lambda: family.healthy_count() == gpus - 1, what="the probe")
         assert not task.done()

@@ -20,9 +20,11 @@ import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.backends import simulated_backends
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.errors import ConfigError
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.metrics import Metrics, MetricsServer
 from agents.sim.bundled import bundled_node
@@ -140,7 +142,7 @@ async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Scrapeable]
             agent = Agent(
                 Config.default(), "<defaults>", plugin_dir, backends, metrics_address="127.0.0.1:0"
             )
-            agent.start()
+            await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
                 server = agent.metrics_server
@@ -193,8 +195,8 @@ async def test_admission_moves_allocation_counters_and_rpc_latency(running: Scra
 async def test_injected_xid_79_turns_one_gpu_unhealthy_and_counts_the_event(
     running: Scrapeable,
 ) -> None:
-    assert running.agent.gpu is not None
-    victim = running.agent.gpu.gpus[3].uuid
+    assert running.agent.family(GpuFamily) is not None
+    victim = running.agent.family(GpuFamily).gpus[3].uuid
     await running.inject_xid(3, 79)
     await running.kubelet.wait_until(lambda k: health(k, victim) == "Unhealthy", WAIT)
 

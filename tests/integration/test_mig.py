@@ -24,6 +24,7 @@ from agents.sim.node import load_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Pod
 from tests.conditions import async_wait_until
+from tests.families import gpu_family
 from tests.integration.gpu_agent import WAIT, config, run_gpu_agent_to_exit, running_agent
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
@@ -95,9 +96,8 @@ def test_an_unreadable_mig_access_file_costs_that_instance_its_caps_only(tmp_pat
     gone = access_files(MIG_GPU.minor, broken)[1]
     os.unlink(str(node.dev_root) + gone)
     cfg = config(MIXED + "  passDeviceSpecs: true\n")
-    family = GpuFamily(node.nvml, node.sysfs, cfg, config_source="t", dev_root=node.dev_root)
     with structlog.testing.capture_logs() as logs:
-        family.start()
+        family = gpu_family(node.nvml, node.sysfs, cfg, dev_root=node.dev_root)
     [warning] = [e for e in logs if e["event"] == "mig_capabilities_unreadable"]
     assert (warning["mig"], warning["log_level"]) == (broken.uuid, "warning")
     assert gone in warning["error"]
@@ -194,7 +194,7 @@ async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
 
         # A reset GPU (lost, then answering again): its instances come back after the
         # hold time. Taking an XID out of the file alone heals nothing, as on real NVML.
-        gpu = run.agent.gpu
+        gpu = run.agent.family(GpuFamily)
         assert gpu is not None
         uuid = run.gpu_uuids()[0]
         await run.edit_node(_lost)

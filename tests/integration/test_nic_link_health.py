@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from agents.backends import simulated_backends
 from agents.config import Config
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.hw.netlink import LinkState, NetlinkMonitor
-from agents.roce.family import FLAP_HOLD_S
+from agents.roce.family import FLAP_HOLD_S, RoceFamily
 from agents.standin.kubelet import Kubelet
 from tests.veth import node_on_netdev, veth_pair
 
@@ -61,7 +62,7 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
         stop = asyncio.Event()
         async with simulated_backends(node_file) as backends:
             agent = Agent(Config.default(), "<test>", plugin_dir, backends)
-            agent.start()
+            await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
                 pci = node["nics"][0]["pci"]
@@ -88,8 +89,8 @@ async def _change(
     Returns (ms from the command to the kubelet's view, ms from the kernel's netlink event,
     as a monitor of our own receives it, to the agent's inventory change).
     """
-    assert running.agent.roce is not None
-    inventory = running.agent.roce.resources()[0].inventory
+    assert running.agent.family(RoceFamily) is not None
+    inventory = running.agent.family(RoceFamily).resources()[0].inventory
     monitor = NetlinkMonitor()
     seen_event = seen_inventory = 0.0
 

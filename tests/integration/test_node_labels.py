@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
+from agents.backends import simulated_backends
 from agents.config import Config
 from agents.core.xid import HOLD_S
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
 from tests.conditions import async_wait_until
 
@@ -83,7 +85,7 @@ async def labelled(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Labelled]:
         agent = Agent(
             Config.default(), "<defaults>", plugin_dir, backends, nfd_features_file=features
         )
-        agent.start()
+        await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:
             assert backends.simulated is not None
@@ -122,7 +124,7 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
     assert labelled.labels()[PREFIX + "gpu.count"] == "8"
 
     # Healthy again after a reset (lost, then answering), not by taking the XID out.
-    uuid = labelled.agent.gpu.gpus[2].uuid if labelled.agent.gpu else ""
+    uuid = labelled.agent.family(GpuFamily).gpus[2].uuid if labelled.agent.family(GpuFamily) else ""
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", True))
     await async_wait_until(lambda: _reason(labelled, uuid) == "lost", WAIT, "lost")
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", False))
@@ -132,8 +134,8 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
 
 
 def _reason(labelled: Labelled, uuid: str) -> str | None:
-    assert labelled.agent.gpu is not None
-    return labelled.agent.gpu.unhealthy_reason(uuid)
+    assert labelled.agent.family(GpuFamily) is not None
+    return labelled.agent.family(GpuFamily).unhealthy_reason(uuid)
 
 
 async def test_nic_link_down_rewrites_the_roce_healthy_count(labelled: Labelled) -> None:

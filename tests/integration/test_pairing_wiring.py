@@ -10,15 +10,17 @@ from pathlib import Path
 import structlog.testing
 import yaml
 
+from agents.backends import simulated_backends
 from agents.config import parse_config
 from agents.core.ledger import GPU, NIC
 from agents.core.topology import PciLocation
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
 from agents.pairing import Pairing
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.sim.bundled import bundled_node
 from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, write_checkpoint
 from agents.standin.podresources import PodResourcesServer
+from agents.tasks import until
 from hack.benchlib.nodes import sharing_config
 from tests.conditions import async_wait_until
 
@@ -32,7 +34,7 @@ async def test_time_slicing_turns_pairing_off_and_says_once_what_is_unpaired(
     with structlog.testing.capture_logs() as logs:
         async with simulated_backends(node) as backends:
             agent = Agent(config, "<test>", tmp_path, backends)
-            agent.start()
+            await agent.start()
             assert agent.pairing is not None and not agent.pairing.active
     off = [e for e in logs if e["event"] == "pairing_off"]
     assert len(off) == 1
@@ -86,7 +88,7 @@ async def test_update_writes_that_flip_health_back_do_not_end_the_container(
     nic.located("rdma/roce", nics)
     assert pairing.start({"nvidia.com/gpu": "whole GPUs", "rdma/roce": "NICs"})
     stop = asyncio.Event()
-    task = asyncio.ensure_future(pairing.run(stop))
+    task = asyncio.ensure_future(until(stop, pairing.run))
     try:
         got = gpu.prefer(sorted(gpus), [], 1)
         assert got is not None

@@ -15,7 +15,9 @@ from agents.hw.netlink import LinkState
 from agents.roce.family import RoceFamily
 from agents.sim.links import SimLinkMonitor
 from agents.sim.simnode import SimulatedNode
+from agents.tasks import until
 from tests.conditions import async_wait_until
+from tests.families import roce_family
 
 
 class SteppedLinks:
@@ -66,10 +68,9 @@ async def polled(node_file: Path, tmp_path: Path) -> AsyncIterator[Polled]:
     node = SimulatedNode(node_file, tmp_path / "root")
     node.load()
     links = SteppedLinks(node.links)
-    family = RoceFamily(node.sysfs, links, Config.default())
-    family.start()
+    family = roce_family(node.sysfs, links, Config.default())
     stop = asyncio.Event()
-    task = asyncio.ensure_future(family.run(stop))
+    task = asyncio.ensure_future(until(stop, family.run))
     try:
         yield Polled(family, links, node)
     finally:

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from agents.backends import MEMORY_TMP, simulated_backends
 from agents.config import Config
-from agents.daemon import MEMORY_TMP, Agent, simulated_backends
+from agents.daemon import Agent
 from agents.errors import ConfigError
+from agents.families import parse_families
 from tests.conditions import async_wait_until
 
 NETLINK_ROUTE = 0
@@ -45,8 +47,8 @@ async def test_a_gpu_only_agent_leaves_no_host_link_socket_open(
     stop = asyncio.Event()
     async with simulated_backends(node_file) as backends:
         assert len(_link_watch_sockets() - before) == 1  # the host's link monitor
-        agent = Agent(Config.default(), "<test>", plugin_dir, backends, families=("gpu",))
-        agent.start()
+        agent = Agent(Config.default(), "<test>", plugin_dir, backends, parse_families("gpu"))
+        await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:
             await async_wait_until(agent.serving, WAIT, "GPU plugin serving")

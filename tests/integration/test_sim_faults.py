@@ -20,6 +20,7 @@ from agents.sim.bundled import bundled_node
 from agents.sim.links import SimLinkMonitor
 from agents.sim.node import NodeSpec
 from agents.sim.simnode import SimulatedNode
+from agents.tasks import until
 from tests.conditions import async_wait_until
 from tests.writers import write_atomic, write_in_place
 
@@ -45,7 +46,7 @@ async def node(tmp_path: Path) -> AsyncIterator[SimulatedNode]:
     sim.load()
     sim.nvml.init()
     stop = asyncio.Event()
-    task = asyncio.create_task(sim.run(stop))
+    task = asyncio.create_task(until(stop, sim.run))
     await asyncio.wait_for(sim.watching.wait(), 5)
     yield sim
     stop.set()

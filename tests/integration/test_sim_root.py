@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.daemon import simulated_backends
+from agents.backends import simulated_backends
 from agents.errors import ConfigError
 from agents.sim.root import SUBTREE, sim_root
 

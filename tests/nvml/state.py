@@ -86,6 +86,7 @@ class NvmlNode:
     nvml: str = "12.550.163.01"
     cuda: int = 12040
     events: list[Event] = field(default_factory=list)
+    init_hang_ms: int = 0  # nvmlInit blocks this long
 
     # ---- faults, as NVML shows them ----
 
@@ -155,7 +156,8 @@ class NvmlNode:
 
     def render(self) -> str:
         lines = ["# node-agents test NVML state"]
-        lines.append(_record("system", driver=self.driver, nvml=self.nvml, cuda=self.cuda))
+        system = {"driver": self.driver, "nvml": self.nvml, "cuda": self.cuda}
+        lines.append(_record("system", **system, init_hang_ms=self.init_hang_ms))
         for index, gpu in enumerate(self.gpus):
             if not gpu.removed:
                 lines.extend(_gpu_records(index, gpu))

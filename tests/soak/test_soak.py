@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from agents.backends import simulated_backends
 from agents.config import Config
 from agents.core.xid import HOLD_S
-from agents.daemon import Agent, simulated_backends
+from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
 from agents.sim.node import parse_node
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod, PodAllocation
@@ -214,7 +216,7 @@ async def test_node_file_churn_ends_with_health_exactly_as_the_health_model_says
     rng = random.Random(4)
     async with simulated_backends(node) as backends:
         agent = Agent(Config.default(), "<soak>", kubelet.plugin_dir, backends)
-        agent.start()
+        await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:
             await kubelet.wait_until(lambda k: registered_since(k, 0), WAIT)
@@ -229,7 +231,7 @@ async def test_node_file_churn_ends_with_health_exactly_as_the_health_model_says
                     await async_wait_until(lambda s=spec: sim.spec == s, WAIT, "edit applied")
             # After the churn a GPU's health depends on which XIDs and resets the agent
             # saw; settle it: every GPU falls off the bus, then some come back (a reset).
-            gpu = agent.gpu
+            gpu = agent.family(GpuFamily)
             assert gpu is not None
             for g in doc["gpus"]:
                 g["lost"] = True

@@ -1,15 +1,23 @@
-"""label_value turns any text into a valid Kubernetes label value, and node_labels names
-only valid label keys."""
+"""label_value turns any text into a valid Kubernetes label value, and the families name
+only valid label keys, each its own."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.labels import PREFIX, family_labels, label_value, node_labels
+from agents.config import Config
+from agents.gpu.family import GpuFamily
+from agents.gpu.kind import GpusFound
+from agents.hw.sysfs import Sysfs
+from agents.labels import PREFIX, label_value, prefixed
+from agents.pairing import pairs_label
+from agents.roce.family import NicsFound, RoceFamily
 
 # The apimachinery rule for label values: empty, or at most 63 characters of
 # [A-Za-z0-9._-] that begin and end with an alphanumeric.
@@ -65,8 +73,17 @@ def test_label_value_is_valid_for_any_text(text: str) -> None:
     assert VALID_VALUE.match(value), value
 
 
+def _empty_families() -> dict[str, dict[str, str]]:
+    """The labels of each family built from a discovery that found nothing."""
+    config = Config.default()
+    gpu = GpuFamily(Uninitialised(), GpusFound((), (), {}, "", held=False), config)
+    roce = RoceFamily(Sysfs(Path("/nonexistent")), Unread(), NicsFound((), {}), config)
+    return {"gpu": gpu.labels(), "roce": roce.labels(), "pairs": pairs_label({}, {})}
+
+
 def test_node_labels_without_devices_are_valid_and_say_so() -> None:
-    labels = node_labels([], [], healthy_gpus=0, healthy_nics=0)
+    families = _empty_families()
+    labels = prefixed(families["gpu"] | families["roce"] | families["pairs"])
     assert labels == {
         PREFIX + "gpu-nic.pairs": "false",
         PREFIX + "gpu.count": "0",
@@ -81,17 +98,22 @@ def test_node_labels_without_devices_are_valid_and_say_so() -> None:
         assert VALID_VALUE.match(value), value
 
 
-@pytest.mark.parametrize(
-    ("gpu", "roce", "kept"),
-    [
-        (True, True, {"gpu.count", "roce.count", "gpu-nic.pairs"}),
-        (True, False, {"gpu.count"}),
-        (False, True, {"roce.count"}),
-    ],
-    ids=["both", "gpu-only", "roce-only"],
-)
-def test_an_agent_labels_only_the_families_it_runs(gpu: bool, roce: bool, kept: set[str]) -> None:
-    labels = node_labels([], [], healthy_gpus=0, healthy_nics=0)
-    names = {k.removeprefix(PREFIX) for k in family_labels(labels, gpu=gpu, roce=roce)}
-    assert names & {"gpu.count", "roce.count", "gpu-nic.pairs"} == kept
-    assert all(n.startswith(("gpu.", "roce.", "gpu-nic.")) for n in names)
+def test_each_family_labels_only_its_own_devices() -> None:
+    families = _empty_families()
+    assert all(name.startswith("gpu.") for name in families["gpu"])
+    assert all(name.startswith("roce.") for name in families["roce"])
+    assert set(families["pairs"]) == {"gpu-nic.pairs"}
+
+
+class Uninitialised:
+    """NVML that nobody may call: a family built from an empty discovery asks nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"NVML {name} called")
+
+
+class Unread:
+    """Links that nobody may read, likewise."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"links {name} called")

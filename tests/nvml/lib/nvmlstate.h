@@ -75,6 +75,7 @@ struct event {
 struct state {
     char driver[TEXT], nvml[TEXT];
     int cuda;
+    unsigned init_hang_ms; /* nvmlInit blocks this long: a driver that does not answer */
     unsigned count;
     struct gpu gpus[MAX_GPUS];
     unsigned nfails;

@@ -4,7 +4,7 @@
  *
  * The file has one record a line, fields separated by tabs, the first the record's kind
  * and the others key=value:
- *   system  driver=... nvml=... cuda=12040
+ *   system  driver=... nvml=... cuda=12040 init_hang_ms=0
  *   gpu     index= uuid= name= serial= bus= pci_device_id= memory= minor= numa=
  *           arch= cc= mig_capable= mig= ecc= ecc_uncorrected= lost= error= hang_ms=
  *           bridge= bridge_numa=                  (the PCIe host bridge above the GPU
@@ -99,6 +99,7 @@ static void parse_line(struct state *s, char *line)
         copy(s->driver, fields, n, "driver");
         copy(s->nvml, fields, n, "nvml");
         s->cuda = (int)number(fields, n, "cuda", 12000);
+        s->init_hang_ms = (unsigned)number(fields, n, "init_hang_ms", 0);
     } else if (strcmp(kind, "gpu") == 0) {
         parse_gpu(s, fields, n);
     } else if (strcmp(kind, "link") == 0 && gpu < MAX_GPUS) {

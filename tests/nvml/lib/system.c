@@ -6,9 +6,26 @@
 
 #include <string.h>
 
+/* nvmlInit blocks while the state says so (as long as init_hang_ms, or until a new state
+ * lets it go): a driver that does not answer. */
+static void init_hang_if_asked(void)
+{
+    unsigned waited = 0;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        unsigned hang = refresh() == NVML_SUCCESS ? g_state->init_hang_ms : 0;
+        pthread_mutex_unlock(&g_lock);
+        if (waited >= hang)
+            return;
+        pause_ms(POLL_MS);
+        waited += POLL_MS;
+    }
+}
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
 {
     (void)flags;
+    init_hang_if_asked();
     pthread_mutex_lock(&g_lock);
     nvmlReturn_t ret = refresh();
     if (ret == NVML_SUCCESS)

@@ -1,0 +1,68 @@
+"""What the families read the node through: the real hardware, or a simulated node."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agents.hw.netlink import LinkMonitor
+from agents.hw.nvml import Nvml
+from agents.hw.sysfs import Sysfs
+
+if TYPE_CHECKING:
+    from agents.sim.simnode import SimulatedNode
+
+MEMORY_TMP = Path("/dev/shm")  # tmpfs wherever POSIX shared memory works
+
+
+@dataclass
+class Backends:
+    """Everything the families read the node through. The agent owns them: a family
+    replaced on reload never closes what its successor reads."""
+
+    nvml: Nvml
+    sysfs: Sysfs
+    links: LinkMonitor
+    dev_root: Path | None = None  # where device nodes live; None = the host's /
+    simulated: SimulatedNode | None = None
+
+
+def real_backends() -> Backends:
+    from agents.hw.netlink import NetlinkMonitor
+    from agents.hw.nvml_backend import NvmlBackend
+
+    return Backends(NvmlBackend(), Sysfs(), NetlinkMonitor())
+
+
+def sim_root_parent() -> str | None:
+    """Where a simulated node's tree goes: a memory filesystem when one is writable here,
+    else (None) the temporary directory. The tree stands in for /sys, itself in memory;
+    on a busy disk creating its hundreds of tiny files can take a second of the start."""
+    if MEMORY_TMP.is_dir() and os.access(MEMORY_TMP, os.W_OK | os.X_OK):
+        return str(MEMORY_TMP)
+    return None
+
+
+@contextlib.asynccontextmanager
+async def simulated_backends(
+    node_file: Path, root_parent: Path | None = None
+) -> AsyncIterator[Backends]:
+    """A simulated node materialised for as long as the context lasts: in a temporary root,
+    or in the agent's own subtree of `root_parent` (--simulate-root)."""
+    from agents.hw.netlink import NetlinkMonitor
+    from agents.sim.root import sim_root
+    from agents.sim.simnode import SimulatedNode  # the simulator: only for --simulate
+
+    # Ours to close: the simulated links follow the host's (veth in tests).
+    host_links = NetlinkMonitor()
+    try:
+        with sim_root(root_parent, sim_root_parent()) as root:
+            node = SimulatedNode(node_file, root, host_links=host_links)
+            node.load()
+            yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
+    finally:
+        host_links.close()

@@ -1,0 +1,127 @@
+"""What the agent knows of a device family, and all it knows: the config sections it is
+built from, how it is discovered and built, its resources, labels and health. The agent
+iterates families through this interface; adding a family adds a folder and a line in
+agents/families.py, and serving families through another API adds a runtime beside
+agents/plugin, not branches."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agents.config import Config
+from agents.core.ledger import PairingSide
+from agents.core.node_report import DeviceHealth
+from agents.core.topology import PciLocation
+from agents.plugin.resource import Resource
+from agents.plugin.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from agents.backends import Backends
+
+
+class FamilyResource(Resource, Protocol):
+    """A resource as the agent sees it, beyond what the device-plugin runtime needs."""
+
+    def definition(self) -> Hashable:
+        """What the kubelet and its containers see of the resource, health aside: when
+        this changes on a reload, the resource registers again."""
+        ...
+
+    @property
+    def summary(self) -> str:
+        """What its devices are, for the pairing log: "whole GPUs", "NICs", ..."""
+        ...
+
+
+@dataclass(frozen=True)
+class Located:
+    """The devices of a family's pairable resource and where they sit on the PCIe tree."""
+
+    resource: str  # "" when the family has nothing to pair now
+    devices: Mapping[str, PciLocation | None]
+
+
+class HealthSink(Protocol):
+    """Where a family hands each device's health, on the event loop, as it evaluates it:
+    the one path to the log, metrics and the cluster (agents.health)."""
+
+    def publish(self, states: Iterable[DeviceHealth]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a family is built with besides its config sections and what it discovered."""
+
+    backends: Backends
+    config_source: str
+    telemetry: Telemetry
+    health: HealthSink
+    pairing: PairingSide | None  # None: this family is not paired
+
+
+class Family(Protocol):
+    """A family built from one discovery: its resources and the loop that keeps their
+    health (and, for some, their device lists) current."""
+
+    @property
+    def name(self) -> str: ...
+
+    def resources(self) -> Sequence[FamilyResource]: ...
+
+    def located(self) -> Located:
+        """The devices pairing may use; read when the family is adopted."""
+        ...
+
+    def labels(self) -> dict[str, str]:
+        """Node labels (names without the prefix) of this family's devices."""
+        ...
+
+    def device_health(self) -> list[DeviceHealth]:
+        """Every advertised device's health and why, as the cluster is told of it."""
+        ...
+
+    def locations(self) -> dict[str, PciLocation]:
+        """Where every device of the family sits, whether paired or not (for labels)."""
+        ...
+
+    def follow(self, earlier: Family) -> None:
+        """Go on from the health `earlier` (the family this one replaces on a reload, now
+        ended) knew, so that a device held Unhealthy stays so and the kubelet sees no
+        flap. Called on the loop before the family is adopted."""
+        ...
+
+    async def run(self) -> None:
+        """Keep health current until cancelled; release what discovery took on the way out."""
+        ...
+
+    async def close(self) -> None:
+        """Release what discovery took, for a family that will never run (a failed reload)."""
+        ...
+
+
+class FamilyKind(Protocol):
+    """How a family is made. `discover` runs off the event loop and returns values only;
+    `build` runs on the loop and changes nothing outside the family it returns."""
+
+    name: str
+    sections: tuple[str, ...]  # the Config fields it reads; only these reach it
+    pairs_as: str | None  # its kind in the GPU<->NIC ledger, or None
+
+    def discover(self, config: Config, backends: Backends, source: str) -> Any:
+        """Blocking; `source` names the config in errors. Raises ConfigError or
+        BackendError, holding nothing then."""
+        ...
+
+    def build(self, found: Any, config: Config, context: Context) -> Family: ...
+
+
+def config_view(kind: FamilyKind, config: Config) -> Config:
+    """`config` as `kind` sees it: its own sections, every other one at its default. A
+    family is built from this view and rebuilt when it changes, so a key a family reads is
+    one whose change rebuilds it."""
+    return dataclasses.replace(
+        Config.default(), **{section: getattr(config, section) for section in kind.sections}
+    )

@@ -1,0 +1,109 @@
+"""How the GPU family is made: NVML initialised and asked, off the event loop, for values
+only (GPUs, resource plans, MIG capability devices); then built on the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from agents.backends import Backends
+from agents.config import Config
+from agents.core.ledger import GPU
+from agents.errors import BackendError
+from agents.family import Context
+from agents.gpu.discovery import Gpu, discover
+from agents.gpu.family import GpuFamily
+from agents.gpu.plan import ResourcePlan, plan_resources
+from agents.hw.nvidia_caps import mig_cap_devices
+from agents.hw.nvml import Nvml
+from agents.hw.nvml_calls import waited
+from agents.hw.sysfs import Sysfs
+
+log = structlog.get_logger(__name__)
+
+START_WAIT_S = 60.0  # NVML's init and discovery at start: a hang ends in a clear error
+SHUTDOWN_WAIT_S = 1.5  # how long giving NVML back waits for it
+
+
+@dataclass(frozen=True)
+class GpusFound:
+    """What one discovery found; `held` says whether it holds an NVML initialisation,
+    which the family built from it gives back."""
+
+    gpus: tuple[Gpu, ...]
+    plans: tuple[ResourcePlan, ...]
+    mig_caps: dict[str, tuple[str, ...]]  # MIG UUID -> its capability devices
+    dev_root: str  # "" on a real node
+    held: bool
+
+
+def discover_gpus(
+    nvml: Nvml, sysfs: Sysfs, config: Config, source: str, dev_root: Path | None = None
+) -> GpusFound:
+    """Blocking. Raises BackendError or ConfigError, holding nothing then."""
+    root = "" if dev_root is None else str(dev_root)
+    try:
+        waited(nvml.init, START_WAIT_S, "init")
+    except BackendError as exc:
+        if config.flags.fail_on_init_error:
+            raise
+        log.warning("gpu_family_disabled", reason=str(exc), setting="failOnInitError=false")
+        return GpusFound((), (), {}, root, held=False)
+    try:
+        gpus = waited(lambda: discover(nvml, sysfs), START_WAIT_S, "discovery")
+        plans = plan_resources(gpus, config, source)
+        flags = config.flags
+        caps = (
+            _mig_caps(gpus, root)
+            if flags.pass_device_specs and flags.mig_strategy != "none"
+            else {}
+        )
+    except BaseException:
+        give_back(nvml)
+        raise
+    log.info("gpus_discovered", count=len(gpus), resources=[p.name for p in plans])
+    return GpusFound(tuple(gpus), tuple(plans), caps, root, held=True)
+
+
+def give_back(nvml: Nvml) -> None:
+    """Blocking: the NVML initialisation a discovery took, given back."""
+    try:
+        waited(nvml.shutdown, SHUTDOWN_WAIT_S, "shutdown")
+    except BackendError as exc:
+        log.warning("nvml_shutdown_failed", error=str(exc))
+
+
+def _mig_caps(gpus: Sequence[Gpu], dev_root: str) -> dict[str, tuple[str, ...]]:
+    """The capability devices of each MIG instance (by MIG UUID) for passDeviceSpecs.
+    An instance whose access files cannot be read gets none, and says so."""
+    caps: dict[str, tuple[str, ...]] = {}
+    for gpu in gpus:
+        for mig in gpu.mig:
+            try:
+                caps[mig.uuid] = mig_cap_devices(dev_root, gpu.minor, mig)
+            except BackendError as exc:
+                log.warning(
+                    "mig_capabilities_unreadable",
+                    gpu=gpu.uuid,
+                    mig=mig.uuid,
+                    error=str(exc),
+                    effect="its containers get no /dev/nvidia-caps device specs",
+                )
+    return caps
+
+
+class GpuKind:
+    name = "gpu"
+    sections: tuple[str, ...] = ("flags", "sharing", "health", "pairing")
+    pairs_as: str | None = GPU
+
+    def discover(self, config: Config, backends: Backends, source: str) -> GpusFound:
+        return discover_gpus(backends.nvml, backends.sysfs, config, source, backends.dev_root)
+
+    def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
+        return GpuFamily(
+            context.backends.nvml, found, config, health=context.health, pairing=context.pairing
+        )

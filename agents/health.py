@@ -1,0 +1,52 @@
+"""The one path of a device's health change: the log line, the metrics count and the
+cluster reporter, once per resource that holds the device. Families publish what they
+evaluated; this decides what changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from agents.core.node_report import DeviceHealth
+from agents.plugin.telemetry import NoTelemetry, Telemetry
+
+log = structlog.get_logger(__name__)
+
+HOLDING = "holding"  # recovering after an error: still Unhealthy, no news
+
+
+class HealthFanout:
+    """Remembers each (resource, device)'s last health; a device first seen counts as
+    having been Healthy, so one that starts Unhealthy is told like any other fault.
+    Used on the event loop only; never blocks."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry | None = None,
+        reporter: Callable[[DeviceHealth], None] | None = None,
+    ) -> None:
+        self._telemetry = telemetry or NoTelemetry()
+        self._reporter = reporter
+        self._known: dict[tuple[str, str], DeviceHealth] = {}
+
+    def publish(self, states: Iterable[DeviceHealth]) -> None:
+        for state in states:
+            key = state.resource, state.device_id
+            before = self._known.get(key)
+            self._known[key] = state
+            was_healthy = before is None or before.healthy
+            if was_healthy != state.healthy:
+                self._telemetry.health_event(state.resource, state.reason or "recovered")
+            elif state.healthy or state.reason in (HOLDING, before.reason if before else None):
+                continue  # no news: Healthy still, recovering, or the same fault again
+            self._tell(state)
+
+    def _tell(self, state: DeviceHealth) -> None:
+        where = {"resource": state.resource, "device": state.device_id, "where": state.where}
+        if state.healthy:
+            log.info("device_healthy", **where)
+        else:
+            log.warning("device_unhealthy", **where, reason=state.reason)
+        if self._reporter is not None:
+            self._reporter(state)
