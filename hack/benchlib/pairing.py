@@ -20,11 +20,11 @@ from agents.core.gpu_choice import choose_gpus
 from agents.core.topology import Distance, Topology
 from agents.daemon import Agent, simulated_backends
 from agents.sim.bundled import bundled_node
-from agents.standin.foreign import FlappingPlugin
 from agents.standin.kubelet import Container, Kubelet, Pod
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, at_least, info
 from hack.benchlib.judge import Judge, Knowledge, Tally, nics_for
+from tests.standin.foreign import FlappingPlugin
 
 MIX = {"paired": 0.6, "gpu-only": 0.2, "nic-only": 0.2}  # of admissions
 
