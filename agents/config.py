@@ -112,7 +112,8 @@ class Sharing:
 
 @dataclass(frozen=True)
 class RoceSelectors:
-    """Which NIC functions are the RoCE family; an empty tuple matches any."""
+    """Which NIC functions are the RoCE family; an empty tuple matches any, but for
+    `link_layers`: a function needs a port of one of them (only Ethernet is RoCE)."""
 
     vendors: tuple[str, ...] = ("15b3",)
     if_names: tuple[str, ...] = ()

@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agents.backends import Backends, real_backends, simulated_backends
+from agents.backends import simulated_backends
 from agents.config import Config, load_config
-from agents.core.topology import Distance, Topology
+from agents.core.topology import Topology
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
+from agents.hw.nvml import Nvml
+from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
 from agents.roce.discovery import discover as discover_nics
 
@@ -25,19 +28,33 @@ LEGEND = (
 
 async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
     config = load_config(config_file) if config_file else Config.default()
-    backends_cm: contextlib.AbstractAsyncContextManager[Backends] = (
-        simulated_backends(simulate) if simulate else contextlib.nullcontext(real_backends())
-    )
-    async with backends_cm as backends:
-        backends.nvml.init()
-        try:
-            gpus = discover(backends.nvml, backends.sysfs)
-        finally:
-            backends.nvml.shutdown()
-        nics = discover_nics(backends.sysfs, config.roce.selectors)
+    async with _node(simulate) as (nvml, sysfs):
+        gpus = _gpus(nvml, sysfs)
+        nics = discover_nics(sysfs, config.roce.selectors)
     report = build_report(gpus, nics)
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
     return 0
+
+
+@contextlib.asynccontextmanager
+async def _node(simulate: Path | None) -> AsyncIterator[tuple[Nvml, Sysfs]]:
+    """The node's NVML and sysfs; a simulated node's tree is removed as the context ends,
+    error or not. No link states are read here, so no netlink socket is opened."""
+    if simulate is not None:
+        async with simulated_backends(simulate) as backends:
+            yield backends.nvml, backends.sysfs
+        return
+    from agents.hw.nvml_backend import NvmlBackend  # pynvml: only on a real node
+
+    yield NvmlBackend(), Sysfs()
+
+
+def _gpus(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
+    nvml.init()
+    try:
+        return discover(nvml, sysfs)
+    finally:
+        nvml.shutdown()
 
 
 def _names(gpus: list[Gpu], nics: list[Nic]) -> tuple[dict[str, str], dict[str, str]]:
@@ -126,6 +143,3 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {gpu:<8} -> {nics} ({pair['distance'] or '-'})")
     lines += ["", LEGEND]
     return "\n".join(lines) + "\n"
-
-
-__all__ = ["Distance", "build_report", "render", "show_topology"]

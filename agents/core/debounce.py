@@ -50,7 +50,3 @@ class Debouncer(Generic[K, V]):
 
     def value(self, key: K) -> V | None:
         return self._published.get(key)
-
-    def forget(self, key: K) -> None:
-        for table in (self._published, self._last_report, self._pending):
-            table.pop(key, None)

@@ -151,9 +151,6 @@ class EventBook:
     def unsent(self) -> list[EventRecord]:
         return [r for r in self._records.values() if r.count != r.sent_count]
 
-    def records(self) -> list[EventRecord]:
-        return list(self._records.values())
-
     def renew(self, record: EventRecord) -> None:
         """The API server lost the object (it expired): make it again under a new name."""
         record.name, record.created, record.sent_count = self._new_name(), False, 0

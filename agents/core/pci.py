@@ -1,5 +1,5 @@
 """PCI addresses in their two spellings (sysfs `0000:1b:00.0`, NVML `00000000:1B:00.0`)
-and the PCI chain of a device's sysfs path. Pure string functions."""
+and the host bridge above a device. Pure string functions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import re
 
 _ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
 _NVML_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]")
-_HOST_BRIDGE = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
 def is_pci_address(text: str) -> bool:
@@ -36,17 +35,3 @@ def host_bridge(address: str, upstream: tuple[str, ...] = ()) -> str:
     port, or the device's own bus when it hangs directly off the host bridge."""
     top = upstream[0] if upstream else address
     return "pci" + top.rsplit(":", 1)[0]
-
-
-def pci_chain(real_path: str) -> tuple[str, tuple[str, ...]]:
-    """Split a device's real sysfs path (`devices/pci0000:16/0000:16:01.0/…/0000:1b:00.0`)
-    into its host bridge and its PCI addresses, root port first, the device last."""
-    parts = [p for p in real_path.split("/") if p]
-    bridges = [i for i, p in enumerate(parts) if _HOST_BRIDGE.fullmatch(p)]
-    if not bridges:
-        raise ValueError(f"not a PCI device path: {real_path!r}")
-    start = bridges[-1]
-    chain = tuple(p for p in parts[start + 1 :] if is_pci_address(p))
-    if not chain:
-        raise ValueError(f"not a PCI device path: {real_path!r}")
-    return parts[start], chain

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,7 +55,6 @@ class DirectoryWatch:
             self._inotify.close()
             raise BackendError(f"cannot watch {path}: {exc.strerror}") from exc
         self._queue: asyncio.Queue[list[FsEvent]] = asyncio.Queue()
-        self._listeners: list[Callable[[FsEvent], None]] = []
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self._inotify.fileno(), self._on_readable)
         self._closed = False
@@ -70,18 +68,11 @@ class DirectoryWatch:
                     out.append(FsEvent(event.name, change))
         return out
 
-    def add_listener(self, listener: Callable[[FsEvent], None]) -> None:
-        """Call `listener` for every event, as soon as it is read (before it is queued)."""
-        self._listeners.append(listener)
-
     def poll(self) -> None:
-        """Read what the kernel has now, without waiting: listeners run, events queue."""
+        """Read what the kernel has now, without waiting, and queue it."""
         if self._closed:
             return
         batch = self._read()
-        for event in batch:
-            for listener in self._listeners:
-                listener(event)
         if batch:
             self._queue.put_nowait(batch)
             self._queued.set()

@@ -42,10 +42,6 @@ class Sysfs:
 
     root: Path = Path("/sys")
 
-    def pci_devices(self) -> list[str]:
-        """Addresses of all PCI functions (bridges included), sorted."""
-        return sorted(self._names(self.root / "bus/pci/devices"))
-
     def pci_real_path(self, addr: str) -> str:
         """The device's directory relative to the root, without a leading slash:
         `devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:1b:00.0`."""
@@ -71,14 +67,6 @@ class Sysfs:
         """The device's NUMA node; None when absent or unknown (the kernel's -1)."""
         text = self._read(self.root / "bus/pci/devices" / addr / "numa_node")
         return _numa(text)
-
-    def pci_vendor(self, addr: str) -> str:
-        """The vendor ID without `0x`, lower case: `15b3`."""
-        return _hex_id(self._read(self.root / "bus/pci/devices" / addr / "vendor"))
-
-    def netdev_operstate(self, ifname: str) -> str:
-        """`up`, `down`, ... from /sys/class/net/<if>/operstate."""
-        return self._read(self.root / "class/net" / ifname / "operstate") or ""
 
     def port_state(self, rdma: str, port: int) -> str:
         """`ACTIVE`, `DOWN`, ... of one port of an RDMA device."""

@@ -12,8 +12,6 @@ from agents.hw.sysfs import RdmaDevice, Sysfs
 
 log = structlog.get_logger(__name__)
 
-ETHERNET = "Ethernet"
-
 
 @dataclass(frozen=True)
 class Nic:
@@ -27,19 +25,20 @@ class Nic:
 
 
 def discover(sysfs: Sysfs, selectors: RoceSelectors) -> list[Nic]:
-    """Every RDMA device with an Ethernet port that the selectors accept."""
+    """Every RDMA device with a port of a selected link layer (Ethernet: RoCE) that the
+    selectors accept."""
     nics = []
     for dev in sysfs.rdma_devices():
-        nic = _nic(dev, sysfs)
+        nic = _nic(dev, sysfs, selectors.link_layers)
         if nic is not None and _selected(nic, dev, selectors):
             nics.append(nic)
     return sorted(nics, key=lambda n: n.pci)
 
 
-def _nic(dev: RdmaDevice, sysfs: Sysfs) -> Nic | None:
-    ports = [p for p in dev.ports if p.link_layer == ETHERNET]
+def _nic(dev: RdmaDevice, sysfs: Sysfs, link_layers: tuple[str, ...]) -> Nic | None:
+    ports = [p for p in dev.ports if p.link_layer in link_layers]
     if not ports or not dev.netdevs:
-        return None  # InfiniBand or no netdev: not a RoCE function
+        return None  # no port of a selected link layer (InfiniBand), or no netdev
     if dev.uverbs is None:
         log.warning("rdma_device_without_uverbs", rdma=dev.name, pci=dev.pci)
         return None

@@ -66,9 +66,3 @@ def write_checkpoint(path: Path, document: Mapping[str, Any]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The document last written, for tests and tools."""
-    document: dict[str, Any] = json.loads(path.read_text())
-    return document

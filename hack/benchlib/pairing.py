@@ -23,11 +23,11 @@ from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.roce.family import RoceFamily
 from agents.sim.bundled import bundled_node
-from agents.standin.foreign import FlappingPlugin
 from agents.standin.kubelet import Container, Kubelet, Pod
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, at_least, info
 from hack.benchlib.judge import Judge, Knowledge, Tally, nics_for
+from tests.standin.foreign import FlappingPlugin
 
 MIX = {"paired": 0.6, "gpu-only": 0.2, "nic-only": 0.2}  # of admissions
 

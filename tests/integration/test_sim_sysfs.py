@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from agents.core.pci import pci_chain
 from agents.errors import BackendError
 from agents.hw.nvidia_caps import access_files, mig_cap_devices
 from agents.hw.sysfs import RdmaPort, Sysfs
@@ -27,11 +26,20 @@ def build(tmp_path: Path, name: str) -> tuple[NodeSpec, SysfsTree, Sysfs]:
     return node, tree, Sysfs(tree.sys)
 
 
+def pci_functions(tree: SysfsTree) -> set[str]:
+    """The addresses the tree lists under bus/pci/devices (bridges included)."""
+    return set(os.listdir(tree.sys / "bus/pci/devices"))
+
+
+def operstate(tree: SysfsTree, netdev: str) -> str:
+    return (tree.sys / "class/net" / netdev / "operstate").read_text().strip()
+
+
 @pytest.mark.parametrize("name", NODES, ids=str)
 def test_every_nic_is_found_with_its_pci_netdev_uverbs_numa_and_port(
     tmp_path: Path, name: str
 ) -> None:
-    node, _, sysfs = build(tmp_path, name)
+    node, tree, sysfs = build(tmp_path, name)
     found = {d.name: d for d in sysfs.rdma_devices()}
     assert set(found) == {n.rdma for n in node.nics}
     for nic in node.nics:
@@ -45,24 +53,24 @@ def test_every_nic_is_found_with_its_pci_netdev_uverbs_numa_and_port(
         assert dev.uverbs == f"uverbs{nic.uverbs}"
         assert dev.ports == (RdmaPort(1, "ACTIVE", "Ethernet"),)
         assert sysfs.port_state(str(nic.rdma), 1) == "ACTIVE"
-        assert sysfs.netdev_operstate(nic.netdev) == "up"
+        assert operstate(tree, nic.netdev) == "up"
 
 
 @pytest.mark.parametrize("name", NODES, ids=str)
 def test_real_path_gives_the_bridge_chain_of_the_file(tmp_path: Path, name: str) -> None:
-    node, _, sysfs = build(tmp_path, name)
+    node, tree, sysfs = build(tmp_path, name)
     for dev in node.devices:
-        path = sysfs.pci_real_path(dev.pci)
-        assert path.startswith("devices/pci")
-        host, chain = pci_chain(path)
-        assert chain == (*dev.upstream, dev.pci)
-        assert host == "pci" + dev.upstream[0].rsplit(":", 1)[0]
-        assert sysfs.numa_node(dev.pci) == dev.numa
-    gpu = node.gpus[0].pci
-    assert sysfs.pci_vendor(gpu) == "10de"
-    assert (tmp_path / "root/sys/bus/pci/devices" / gpu / "class").read_text() == "0x030200\n"
+        assert sysfs.pci_real_path(dev.pci).startswith("devices/pci")
+        location = sysfs.pci_location(dev.pci)
+        assert location is not None
+        assert (*location.bridges, location.address) == (*dev.upstream, dev.pci)
+        assert location.host_bridge == "pci" + dev.upstream[0].rsplit(":", 1)[0]
+        assert location.numa == sysfs.numa_node(dev.pci) == dev.numa
+    gpu = tree.sys / "bus/pci/devices" / node.gpus[0].pci
+    assert (gpu / "vendor").read_text() == "0x10de\n"
+    assert (gpu / "class").read_text() == "0x030200\n"
     bridges = {b for d in node.devices for b in d.upstream}
-    assert set(sysfs.pci_devices()) == bridges | {d.pci for d in node.devices}
+    assert pci_functions(tree) == bridges | {d.pci for d in node.devices}
 
 
 def test_class_net_links_to_the_nic_function(tmp_path: Path) -> None:
@@ -92,7 +100,7 @@ def test_link_down_changes_port_state_and_operstate(tmp_path: Path) -> None:
     down = dataclasses.replace(nic, link="down")
     tree.apply(dataclasses.replace(node, nics=(*node.nics[:2], down, *node.nics[3:])))
     assert sysfs.port_state(str(nic.rdma), 1) == "DOWN"
-    assert sysfs.netdev_operstate(nic.netdev) == "down"
+    assert operstate(tree, nic.netdev) == "down"
     assert sysfs.port_state(str(node.nics[0].rdma), 1) == "ACTIVE"
 
 
@@ -114,8 +122,8 @@ def test_removed_gpu_takes_its_device_node_and_unshared_bridges(tmp_path: Path) 
     gpu = node.gpus[0]
     tree.apply(dataclasses.replace(node, gpus=node.gpus[1:]))
     assert sysfs.pci_real_path(gpu.pci) == ""
-    assert gpu.upstream[-1] not in sysfs.pci_devices()  # its own downstream port
-    assert gpu.upstream[0] in sysfs.pci_devices()  # the root port still has the NIC
+    assert gpu.upstream[-1] not in pci_functions(tree)  # its own downstream port
+    assert gpu.upstream[0] in pci_functions(tree)  # the root port still has the NIC
     assert not os.path.lexists(str(tree.dev_root) + f"/dev/nvidia{gpu.minor}")
 
 
@@ -123,7 +131,9 @@ def test_moved_device_is_found_at_its_new_place(tmp_path: Path) -> None:
     node, tree, sysfs = build(tmp_path, "h100-8gpu-8nic")
     moved = dataclasses.replace(node.nics[0], upstream=(*node.gpus[7].upstream[:2], "0000:c7:05.0"))
     tree.apply(dataclasses.replace(node, nics=(moved, *node.nics[1:])))
-    assert pci_chain(sysfs.pci_real_path(moved.pci))[1] == (*moved.upstream, moved.pci)
+    location = sysfs.pci_location(moved.pci)
+    assert location is not None
+    assert (*location.bridges, location.address) == (*moved.upstream, moved.pci)
     assert str(moved.rdma) in {d.name for d in sysfs.rdma_devices()}
 
 
@@ -137,7 +147,8 @@ def test_reapplying_the_same_node_changes_nothing(tmp_path: Path) -> None:
 def test_missing_root_is_a_backend_error_and_missing_files_are_absent(tmp_path: Path) -> None:
     _, _, sysfs = build(tmp_path, "h100-8gpu-4nic")
     assert sysfs.numa_node("0000:00:00.0") is None
-    assert sysfs.pci_vendor("0000:00:00.0") == ""
+    assert sysfs.pci_location("0000:00:00.0") is None
+    assert sysfs.port_state("mlx5_99", 1) == ""
     with pytest.raises(BackendError, match="no sysfs"):
         Sysfs(tmp_path / "nowhere").rdma_devices()
 

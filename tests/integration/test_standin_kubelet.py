@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -18,7 +19,6 @@ import structlog.testing
 
 from agents.api import api_pb2, api_pb2_grpc
 from agents.plugin.kubelet_facts import PodResources, listing_of
-from agents.standin.checkpoint import read_checkpoint
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from tests.conditions import async_wait_until
 
@@ -28,6 +28,12 @@ FPGA = "example.com/fpga"
 WAIT = 5.0
 
 Preferred = Callable[[list[str], list[str], int], list[str]]
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint document the stand-in last wrote."""
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
 
 
 def _first_sorted(available: list[str], must_include: list[str], size: int) -> list[str]:

@@ -83,11 +83,3 @@ def test_keys_are_debounced_apart(debouncer: Debouncer[str, bool], clock: FakeCl
     debouncer.observe("nic", False, clock.advance(0.1))
     debouncer.observe("other", False, clock.advance(0.1))
     assert (debouncer.value("nic"), debouncer.value("other")) == (False, False)
-
-
-def test_forget_drops_a_held_value(debouncer: Debouncer[str, bool], clock: FakeClock) -> None:
-    debouncer.observe("nic", False, clock.now)
-    debouncer.observe("nic", True, clock.advance(0.1))
-    debouncer.forget("nic")
-    assert debouncer.value("nic") is None
-    assert debouncer.next_due() is None

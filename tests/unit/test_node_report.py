@@ -90,7 +90,7 @@ def test_repeats_of_one_change_count_into_one_record() -> None:
     for i in range(20):
         book.add(down, f"t{i}")
         book.add(up, f"t{i}")
-    records = book.records()
+    records = book.unsent()  # none was sent: every record
     assert [r.count for r in records] == [20, 20]
     assert len({r.name for r in records}) == 2
     assert records[0].first == "t0" and records[0].last == "t19"
@@ -118,4 +118,4 @@ def test_the_book_forgets_the_oldest_kind_beyond_its_limit() -> None:
     book = EventBook("n", limit=3)
     for i in range(5):
         book.add(note_of(DeviceHealth("r", f"d{i}", "x", False, "lost")), "t")
-    assert [r.note.key[1] for r in book.records()] == ["d2", "d3", "d4"]
+    assert [r.note.key[1] for r in book.unsent()] == ["d2", "d3", "d4"]

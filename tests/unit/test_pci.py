@@ -1,16 +1,10 @@
-"""PCI address spellings and sysfs path chains."""
+"""PCI address spellings and host bridges."""
 
 from __future__ import annotations
 
 import pytest
 
-from agents.core.pci import (
-    host_bridge,
-    is_pci_address,
-    nvml_bus_id,
-    pci_address_from_nvml,
-    pci_chain,
-)
+from agents.core.pci import host_bridge, is_pci_address, nvml_bus_id, pci_address_from_nvml
 
 
 @pytest.mark.parametrize(
@@ -55,24 +49,3 @@ def test_is_pci_address(text: str, ok: bool) -> None:
 def test_host_bridge_is_the_root_port_bus_or_own_bus() -> None:
     assert host_bridge("0000:1b:00.0", ("0000:16:01.0", "0000:17:00.0")) == "pci0000:16"
     assert host_bridge("0000:1b:00.0") == "pci0000:1b"
-
-
-@pytest.mark.parametrize(
-    ("path", "expected"),
-    [
-        (
-            "devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:1b:00.0",
-            ("pci0000:16", ("0000:16:01.0", "0000:17:00.0", "0000:1b:00.0")),
-        ),
-        ("/sys/devices/pci0000:00/0000:00:02.0", ("pci0000:00", ("0000:00:02.0",))),
-    ],
-    ids=["relative-with-bridges", "absolute-on-host-bridge"],
-)
-def test_pci_chain_splits_real_paths(path: str, expected: tuple[str, tuple[str, ...]]) -> None:
-    assert pci_chain(path) == expected
-
-
-@pytest.mark.parametrize("bad", ["devices/platform/foo", "devices/pci0000:16"], ids=str)
-def test_pci_chain_refuses_non_pci_paths(bad: str) -> None:
-    with pytest.raises(ValueError, match="not a PCI device path"):
-        pci_chain(bad)

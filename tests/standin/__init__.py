@@ -1,0 +1,1 @@
+"""Stand-ins used only by tests and hack/."""
