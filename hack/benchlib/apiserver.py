@@ -27,7 +27,7 @@ KUBELET_TARGET_MS = 1000.0  # a fault reaches the kubelet within this, API serve
 EVENT_TARGET_MS = 2000.0
 RATIO = 1.2  # RPC p99 with the API server away, at most this times the reachable one
 WITHIN_S = 10.0
-STANDIN = (sys.executable, "-m", "agents.standin.apiserver")
+STANDIN = (sys.executable, "-m", "tests.standin.apiserver")
 
 
 def _free_port() -> int:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.standin.apiserver import REFUSE, ApiServer
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
+from tests.standin.apiserver import REFUSE, ApiServer
 
 NODE = "sim-node-1"
 WAIT = 20.0  # a process start on a loaded 2-core machine

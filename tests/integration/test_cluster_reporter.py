@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth, note_of
-from agents.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from tests.conditions import async_wait_until
+from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 
 NODE = "node-1"
 WAIT = 10.0

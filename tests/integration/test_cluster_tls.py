@@ -20,8 +20,8 @@ from agents.cluster.access import from_kubeconfig
 from agents.cluster.client import ApiClient, UnreachableError
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth
-from agents.standin.apiserver import ApiServer
 from tests.conditions import async_wait_until
+from tests.standin.apiserver import ApiServer
 
 NODE = "tls-node"
 

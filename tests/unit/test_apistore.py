@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.standin.apistore import MERGE, STRATEGIC, StatusError, Store
+from tests.standin.apistore import MERGE, STRATEGIC, StatusError, Store
 
 OURS = {"type": "DevicesHealthy", "status": "False", "reason": "DeviceUnhealthy"}
 

@@ -2,7 +2,7 @@
 uses (Events, `nodes/{name}/status` patches), with injected errors and the two ways a
 real one is unreachable: connections refused, and connections that never get an answer.
 
-`python -m agents.standin.apiserver --port N [--node NAME] [--mode up|refuse|hang]`
+`python -m tests.standin.apiserver --port N [--node NAME] [--mode up|refuse|hang]`
 serves until killed (the bench runs it so)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ssl
 from collections import deque
 from dataclasses import dataclass
 
-from agents.standin.apistore import Obj, StatusError, Store
+from tests.standin.apistore import Obj, StatusError, Store
 
 UP, REFUSE, HANG = "up", "refuse", "hang"
 NODE_PATH = re.compile(r"^/api/v1/nodes/([^/]+)(/status)?$")

@@ -1,0 +1,1 @@
+"""Stand-ins that only the tests and hack/ use: they stay out of the installed package."""
