@@ -67,8 +67,9 @@ def _kubeconfig(work: Path, url: str) -> Path:
 
 def _warnings(url: str) -> int:
     async def ask() -> int:
-        answer = await ApiClient(Access(url)).request("GET", "/api/v1/namespaces/default/events")
-        return sum(e.get("count", 0) for e in answer["items"] if e["type"] == "Warning")
+        async with ApiClient(Access(url)) as client:
+            events = await client.list("/api/v1/namespaces/default/events")
+        return sum(e.get("count", 0) for e in events.items if e["type"] == "Warning")
 
     return asyncio.run(ask())
 
