@@ -33,6 +33,7 @@ class Call:
     path: str
     content_type: str
     code: int
+    token: str = ""  # the bearer token it came with
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Request:
     content_type: str
     body: object
     close: bool  # the client asked for `Connection: close`
+    token: str
+
+    def call(self, code: int) -> Call:
+        return Call(self.method, self.path, self.content_type, code, self.token)
 
 
 class ApiServer:
@@ -64,10 +69,15 @@ class ApiServer:
         self._open: set[asyncio.StreamWriter] = set()
         self._held: set[asyncio.StreamWriter] = set()
         self._watches: set[asyncio.Event] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
 
     @property
     def watching(self) -> int:
@@ -79,8 +89,11 @@ class ApiServer:
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Close the listener and every connection, and wait for their handlers."""
         await self._close_listener()
         self._drop(self._open)
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5.0)
 
     def fail_next(self, code: int, times: int = 1, method: str | None = None) -> None:
         """Answer the next `times` calls (of `method`, if given) with `code`."""
@@ -115,6 +128,10 @@ class ApiServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._open.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
         try:
             while (request := await _read_request(reader)) is not None:
                 if self.mode == HANG:
@@ -136,8 +153,12 @@ class ApiServer:
             writer.close()
 
     async def _reply(self, request: Request, writer: asyncio.StreamWriter) -> None:
-        code, body = self._answer(request)
-        self.calls.append(Call(request.method, request.path, request.content_type, code))
+        await self._send(request, writer, *self._answer(request))
+
+    async def _send(
+        self, request: Request, writer: asyncio.StreamWriter, code: int, body: Obj
+    ) -> None:
+        self.calls.append(request.call(code))
         data = json.dumps(body).encode()
         head = (
             f"HTTP/1.1 {code} {'OK' if code < 300 else 'Error'}\r\n"
@@ -195,7 +216,12 @@ class ApiServer:
     ) -> None:
         """A `?watch=1` stream of JSON lines until timeoutSeconds, either side closing,
         or a 410 for a resourceVersion older than the history kept."""
-        self.calls.append(Call(request.method, request.path, request.content_type, 200))
+        try:
+            self._injected(request.method)
+        except StatusError as exc:
+            await self._send(request, writer, exc.code, exc.status())
+            return
+        self.calls.append(request.call(200))
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
@@ -279,6 +305,7 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
         headers.get("content-type", "").split(";")[0],
         json.loads(raw) if raw else None,
         headers.get("connection", "").lower() == "close",
+        headers.get("authorization", "").removeprefix("Bearer "),
     )
 
 
