@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Self
 
 import httpx
 
+from agents.cluster.access import Access
 from agents.errors import AgentError
+
+__all__ = [
+    "Access",
+    "ApiClient",
+    "ApiError",
+    "GoneError",
+    "Listing",
+    "UnreachableError",
+    "WatchEvent",
+]
 
 REQUEST_TIMEOUT_S = 5.0  # connect, send and read one answer
 WATCH_TIMEOUT_S = 300  # the server ends a watch after this; the caller watches again
@@ -38,17 +47,6 @@ class GoneError(ApiError):
 
 class UnreachableError(AgentError):
     """No answer from the API server: refused, reset, timed out or not HTTP."""
-
-
-@dataclass(frozen=True)
-class Access:
-    """Where the API server is and how to show who we are."""
-
-    server: str  # https://10.0.0.1:443
-    tls: ssl.SSLContext | None = None  # None for a plain http:// server
-    token: str | None = None
-    token_file: Path | None = None  # read at each request: tokens are rotated in place
-    source: str = ""  # "in-cluster" or the kubeconfig path, for logs
 
 
 @dataclass(frozen=True)
