@@ -159,6 +159,8 @@ async def test_after_an_outage_the_server_is_true_to_the_state(setup: Setup, out
             lambda: setup.counts() == {"DeviceUnhealthy": 3, "DeviceHealthy": 1}, WAIT
         )
         await async_wait_until(lambda: (setup.condition() or {}).get("status") == "False", WAIT)
+        # The stand-in holds the last Event before the reporter has read its answer.
+        await async_wait_until(lambda: setup.reporter.reachable is True, WAIT)
     condition = setup.condition()
     assert condition is not None
     assert "GPU-0" in condition["message"] and "link down" in condition["message"]
