@@ -1,18 +1,21 @@
 """The agent's reports to the Kubernetes API server (SPEC §9): never imported by the
-RPC or health path, only by the command line that wires a reporter in."""
+RPC or health path, only by the command line that wires a reporter in; the API client
+(and its HTTP library) only once there is an API server to report to."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from agents.cluster.access import from_kubeconfig, in_cluster
-from agents.cluster.client import Access, ApiClient
-from agents.cluster.reporter import Reporter
+from agents.cluster.access import Access, from_kubeconfig, in_cluster
 from agents.errors import AgentError
+
+if TYPE_CHECKING:
+    from agents.cluster.reporter import Reporter
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +39,9 @@ async def cluster_reporter(
     if access is None:
         log.info("cluster_reports_off", reason="no API access: not in a pod and no --kubeconfig")
         return None
+    from agents.cluster.client import ApiClient
+    from agents.cluster.reporter import Reporter
+
     return Reporter(node, ApiClient(access))
 
 
@@ -43,4 +49,4 @@ def _access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
     return from_kubeconfig(kubeconfig) if kubeconfig is not None else in_cluster(env)
 
 
-__all__ = ["NODE_NAME_ENV", "Reporter", "cluster_reporter"]
+__all__ = ["NODE_NAME_ENV", "cluster_reporter"]

@@ -8,15 +8,26 @@ import os
 import ssl
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from agents.cluster.client import Access
 from agents.errors import AgentError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where the API server is and how to show who we are."""
+
+    server: str  # https://10.0.0.1:443
+    tls: ssl.SSLContext | None = None  # None for a plain http:// server
+    token: str | None = None
+    token_file: Path | None = None  # read at each request: tokens are rotated in place
+    source: str = ""  # "in-cluster" or the kubeconfig path, for logs
 
 
 def in_cluster(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT) -> Access | None:

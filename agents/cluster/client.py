@@ -1,22 +1,35 @@
-"""A small asyncio client of the Kubernetes API: JSON over HTTP/1.1, one connection per
-request, bearer token or client certificate. The agent makes a handful of calls per
-health change, so a library of tens of megabytes buys it nothing (README: memory)."""
+"""The agent's asyncio client of the Kubernetes API: JSON calls, lists and `?watch=1`
+streams over one pool of kept-alive connections (httpx) for the agent's life, with a
+bearer token read afresh for each call, or a client certificate."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import ssl
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Self
 
+import httpx
+
+from agents.cluster.access import Access
 from agents.errors import AgentError
 
+__all__ = [
+    "Access",
+    "ApiClient",
+    "ApiError",
+    "GoneError",
+    "Listing",
+    "UnreachableError",
+    "WatchEvent",
+]
+
 REQUEST_TIMEOUT_S = 5.0  # connect, send and read one answer
-MAX_BODY = 4 << 20
+WATCH_TIMEOUT_S = 300  # the server ends a watch after this; the caller watches again
+# Longer than the reporter's resync: its calls every 30 s reuse one connection.
+KEEPALIVE_S = 60.0
+GONE = 410
 
 
 class ApiError(AgentError):
@@ -27,31 +40,62 @@ class ApiError(AgentError):
         super().__init__(f"{method} {path}: HTTP {status}: {detail}")
 
 
+class GoneError(ApiError):
+    """410: the resourceVersion a watch started from is older than the server keeps;
+    list again and watch from the list's version."""
+
+
 class UnreachableError(AgentError):
     """No answer from the API server: refused, reset, timed out or not HTTP."""
 
 
 @dataclass(frozen=True)
-class Access:
-    """Where the API server is and how to show who we are."""
+class Listing:
+    """A list's objects and the resourceVersion to watch from for what follows it."""
 
-    server: str  # https://10.0.0.1:443
-    tls: ssl.SSLContext | None = None  # None for a plain http:// server
-    token: str | None = None
-    token_file: Path | None = None  # read at each request: tokens are rotated in place
-    source: str = ""  # "in-cluster" or the kubeconfig path, for logs
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED or BOOKMARK
+    object: dict[str, Any]
+
+    @property
+    def resource_version(self) -> str:
+        meta = self.object.get("metadata")
+        return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
 
 
 class ApiClient:
+    """One per agent; `aclose` (or `async with`) ends its connections."""
+
     def __init__(self, access: Access, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
-        parts = urlsplit(access.server)
-        self.access = access
-        self._host = parts.hostname or "localhost"
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        self._prefix = parts.path.rstrip("/")
-        self._timeout_s = timeout_s
-        if parts.scheme == "https" and access.tls is None:
+        if access.server.startswith("https://") and access.tls is None:
             raise AgentError(f"{access.server}: https needs a TLS context")
+        self.access = access
+        self._timeout_s = timeout_s
+        self._http = httpx.AsyncClient(
+            base_url=access.server,
+            verify=access.tls or False,  # False: plain http, no TLS to verify
+            timeout=timeout_s,
+            limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=KEEPALIVE_S),
+            headers={"Accept": "application/json", "User-Agent": "node-agent"},
+            # The kubeconfig or the service account says where the API server is and
+            # which CA to trust; proxy and CA variables of the environment do not.
+            trust_env=False,
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the kept connections; safe to call twice."""
+        await self._http.aclose()
 
     async def request(
         self,
@@ -61,88 +105,92 @@ class ApiClient:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One call; the answer's JSON object. Raises ApiError or UnreachableError."""
-        token = await self._token()
-        payload = b"" if body is None else json.dumps(body).encode()
-        lines = [
-            f"{method} {self._prefix}{path} HTTP/1.1",
-            f"Host: {self._host}:{self._port}",
-            "Accept: application/json",
-            "User-Agent: node-agent",
-            "Connection: close",
-            f"Content-Length: {len(payload)}",
-        ]
-        if body is not None:
-            lines.append(f"Content-Type: {content_type}")
-        if token:
-            lines.append(f"Authorization: Bearer {token}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+        headers = await self._headers()
+        payload = None if body is None else json.dumps(body).encode()
+        if payload is not None:
+            headers["Content-Type"] = content_type
         try:
             async with asyncio.timeout(self._timeout_s):
-                status, data = await self._exchange(head + payload)
-        except (OSError, TimeoutError, EOFError, ValueError, ssl.SSLError) as exc:
+                response = await self._http.request(method, path, content=payload, headers=headers)
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise UnreachableError(f"{self.access.server}: {exc!r}") from exc
-        answer = _json(data)
-        if status >= 300:
-            detail = str(answer.get("message") or data[:200].decode(errors="replace"))
-            raise ApiError(status, method, path, detail)
-        return answer
+        if response.status_code >= 300:
+            raise _error(response.status_code, method, path, response.content)
+        return _json(response.content)
 
-    async def _token(self) -> str | None:
-        if self.access.token_file is None:
-            return self.access.token
-        path = self.access.token_file
-        try:
-            return (await asyncio.to_thread(path.read_text)).strip()
-        except OSError as exc:
-            raise UnreachableError(f"token {path}: {exc}") from exc
+    async def list(self, path: str) -> Listing:
+        """A collection's items and its resourceVersion."""
+        answer = await self.request("GET", path)
+        items = answer.get("items")
+        meta = answer.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return Listing(
+            [i for i in items if isinstance(i, dict)] if isinstance(items, list) else [],
+            str(version or ""),
+        )
 
-    async def _exchange(self, request: bytes) -> tuple[int, bytes]:
-        reader, writer = await asyncio.open_connection(
-            self._host,
-            self._port,
-            ssl=self.access.tls,
-            server_hostname=self._host if self.access.tls else None,
+    async def watch(
+        self, path: str, resource_version: str = "", timeout_s: int = WATCH_TIMEOUT_S
+    ) -> AsyncIterator[WatchEvent]:
+        """The changes to a collection after `resource_version` (from its list), with
+        bookmarks, until the server ends the watch after `timeout_s`. An ERROR line is
+        raised: GoneError for 410 (list again), ApiError otherwise; UnreachableError for
+        a connection lost. Close it (`contextlib.aclosing`) when leaving early."""
+        params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        # Lines may be minutes apart: only the end of the watch itself is awaited longer.
+        timeout = httpx.Timeout(self._timeout_s, read=timeout_s + self._timeout_s)
+        request = self._http.build_request(
+            "GET", path, params=params, headers=await self._headers(), timeout=timeout
         )
         try:
-            writer.write(request)
-            await writer.drain()
-            return await _read_response(reader)
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http.send(request, stream=True)
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise UnreachableError(f"{self.access.server}: {exc!r}") from exc
+        try:
+            if response.status_code >= 300:
+                raise _error(response.status_code, "GET", path, await response.aread())
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield _watch_event(line, path)
+        except httpx.HTTPError as exc:
+            raise UnreachableError(f"{self.access.server}: watch {path}: {exc!r}") from exc
         finally:
-            writer.close()
-            # The answer is in: how the peer closes does not matter.
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            await response.aclose()
+
+    async def _headers(self) -> dict[str, str]:
+        token = self.access.token
+        if self.access.token_file is not None:
+            path = self.access.token_file
+            try:
+                token = (await asyncio.to_thread(path.read_text)).strip()
+            except OSError as exc:
+                raise UnreachableError(f"token {path}: {exc}") from exc
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    status_line = await reader.readline()
-    if not status_line.startswith(b"HTTP/1."):
-        raise ValueError(f"not an HTTP answer: {status_line[:40]!r}")
-    status = int(status_line.split()[1])
-    headers: dict[str, str] = {}
-    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-        name, _, value = line.decode("latin-1").partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        return status, await _read_chunked(reader)
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        if length > MAX_BODY:
-            raise ValueError(f"answer of {length} bytes")
-        return status, await reader.readexactly(length)
-    return status, await reader.read(MAX_BODY)
+def _watch_event(line: str, path: str) -> WatchEvent:
+    try:
+        event = json.loads(line)
+    except ValueError as exc:
+        raise UnreachableError(f"watch {path}: not a JSON line: {line[:80]!r}") from exc
+    kind, obj = event.get("type"), event.get("object")
+    if not isinstance(obj, dict):
+        raise UnreachableError(f"watch {path}: no object in {line[:80]!r}")
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise _error(code if isinstance(code, int) else 500, "WATCH", path, line.encode())
+    return WatchEvent(str(kind), obj)
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    body = bytearray()
-    while True:
-        size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            return bytes(body)
-        if len(body) + size > MAX_BODY:
-            raise ValueError("answer too large")
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)  # the chunk's CRLF
+def _error(status: int, method: str, path: str, data: bytes) -> ApiError:
+    answer = _json(data)
+    obj = answer.get("object") if answer.get("type") == "ERROR" else answer
+    message = obj.get("message") if isinstance(obj, dict) else None
+    detail = str(message or data[:200].decode(errors="replace"))
+    return (GoneError if status == GONE else ApiError)(status, method, path, detail)
 
 
 def _json(data: bytes) -> dict[str, Any]:

@@ -83,6 +83,8 @@ class Reporter:
             await self._loop()
         except Exception:  # the reports are optional to the agent: never end it
             log.exception("cluster_reports_failed", effect="device plugins keep serving")
+        finally:
+            await self._client.aclose()  # the reporter owns its client's connections
 
     async def _loop(self) -> None:
         delay = self._first_retry_s

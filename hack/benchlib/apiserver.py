@@ -27,7 +27,7 @@ KUBELET_TARGET_MS = 1000.0  # a fault reaches the kubelet within this, API serve
 EVENT_TARGET_MS = 2000.0
 RATIO = 1.2  # RPC p99 with the API server away, at most this times the reachable one
 WITHIN_S = 10.0
-STANDIN = (sys.executable, "-m", "agents.standin.apiserver")
+STANDIN = (sys.executable, "-m", "tests.standin.apiserver")
 
 
 def _free_port() -> int:
@@ -67,8 +67,9 @@ def _kubeconfig(work: Path, url: str) -> Path:
 
 def _warnings(url: str) -> int:
     async def ask() -> int:
-        answer = await ApiClient(Access(url)).request("GET", "/api/v1/namespaces/default/events")
-        return sum(e.get("count", 0) for e in answer["items"] if e["type"] == "Warning")
+        async with ApiClient(Access(url)) as client:
+            events = await client.list("/api/v1/namespaces/default/events")
+        return sum(e.get("count", 0) for e in events.items if e["type"] == "Warning")
 
     return asyncio.run(ask())
 

@@ -18,10 +18,10 @@ from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.daemon import Agent
 from agents.sim.bundled import bundled_node
-from agents.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
 from tests.integration.gpu_agent import Running, running_agent
+from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from tests.writers import write_atomic
 
 NODE = "gpu-node-7"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.standin.apiserver import REFUSE, ApiServer
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
+from tests.standin.apiserver import REFUSE, ApiServer
 
 NODE = "sim-node-1"
 WAIT = 20.0  # a process start on a loaded 2-core machine
@@ -70,6 +70,8 @@ async def test_xid_through_the_cli_reaches_the_api_server(
     victim = node_doc["gpus"][1]["uuid"]
     edit_node(lambda doc: doc["gpus"][1].update(xids=[79]))
     await async_wait_until(lambda: condition().get("status") == "False", WAIT)
+    # The condition is patched first, the Event posted right after.
+    await async_wait_until(lambda: server.store.event_list("default")["items"] != [], WAIT)
     [event] = server.store.event_list("default")["items"]
     assert f"{victim} (GPU 1) is Unhealthy: XID 79 (fell off the bus)" in event["message"]
     assert agent.terminate() == 0

@@ -22,9 +22,9 @@ from agents.config import Config
 from agents.daemon import Agent
 from agents.families import parse_families
 from agents.roce.family import FLAP_HOLD_S, RoceFamily
-from agents.standin.apiserver import ApiServer
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
+from tests.standin.apiserver import ApiServer
 from tests.veth import node_on_netdev, veth_pair
 
 pytestmark = [

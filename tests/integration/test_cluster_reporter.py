@@ -14,9 +14,9 @@ from structlog.testing import capture_logs
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth, note_of
-from agents.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from agents.tasks import until
 from tests.conditions import async_wait_until
+from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 
 NODE = "node-1"
 WAIT = 10.0
@@ -160,6 +160,8 @@ async def test_after_an_outage_the_server_is_true_to_the_state(setup: Setup, out
             lambda: setup.counts() == {"DeviceUnhealthy": 3, "DeviceHealthy": 1}, WAIT
         )
         await async_wait_until(lambda: (setup.condition() or {}).get("status") == "False", WAIT)
+        # The stand-in holds the last Event before the reporter has read its answer.
+        await async_wait_until(lambda: setup.reporter.reachable is True, WAIT)
     condition = setup.condition()
     assert condition is not None
     assert "GPU-0" in condition["message"] and "link down" in condition["message"]

@@ -1,6 +1,7 @@
 """The client over TLS as a kubeconfig describes it: the cluster's CA, a client
 certificate and key given inline, against the stand-in serving https that demands a
-client certificate. Certificates are made for the test by the openssl command."""
+client certificate, with one handshake for many calls. Certificates are made for the
+test by the openssl command."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ import yaml
 
 from agents.cluster.access import from_kubeconfig
 from agents.cluster.client import ApiClient, UnreachableError
-from agents.cluster.reporter import Reporter
+from agents.cluster.reporter import STRATEGIC, Reporter
 from agents.core.node_report import DeviceHealth
-from agents.standin.apiserver import ApiServer
 from agents.tasks import until
 from tests.conditions import async_wait_until
+from tests.standin.apiserver import ApiServer
 
 NODE = "tls-node"
 
@@ -119,5 +120,15 @@ async def test_without_the_client_certificate_the_handshake_fails(
     server: ApiServer, pki: Path
 ) -> None:
     access = from_kubeconfig(_kubeconfig(pki, server.url, with_client_cert=False))
-    with pytest.raises(UnreachableError):
-        await ApiClient(access, timeout_s=5.0).request("PATCH", f"/api/v1/nodes/{NODE}/status", {})
+    async with ApiClient(access, timeout_s=5.0) as client:
+        with pytest.raises(UnreachableError):
+            await client.request("PATCH", f"/api/v1/nodes/{NODE}/status", {})
+
+
+async def test_many_calls_over_tls_make_one_handshake(server: ApiServer, pki: Path) -> None:
+    async with ApiClient(from_kubeconfig(_kubeconfig(pki, server.url))) as client:
+        for _ in range(20):
+            await client.request("PATCH", f"/api/v1/nodes/{NODE}/status", {}, STRATEGIC)
+        await client.list("/api/v1/nodes")
+    assert len(server.calls) == 21 and {c.code for c in server.calls} == {200}
+    assert server.connections == 1  # each one accepted over TLS is a handshake

@@ -1,1 +1,1 @@
-"""Stand-ins used only by tests and hack/."""
+"""Stand-ins that only the tests and hack/ use: they stay out of the installed package."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.standin.apistore import MERGE, STRATEGIC, StatusError, Store
+from tests.standin.apistore import MERGE, STRATEGIC, StatusError, Store
 
 OURS = {"type": "DevicesHealthy", "status": "False", "reason": "DeviceUnhealthy"}
 
@@ -61,3 +61,33 @@ def test_event_patch_merges_and_a_missing_event_is_not_found() -> None:
     with pytest.raises(StatusError) as err:
         store.patch_event("default", "gone", {"count": 2}, STRATEGIC)
     assert err.value.code == 404
+
+
+def test_changes_carry_their_versions_and_a_deletion_has_its_own() -> None:
+    store = Store()
+    store.add_node("n")
+    since = store.version
+    store.create_event("default", {"metadata": {"name": "e"}, "involvedObject": {}, "count": 1})
+    store.patch_event("default", "e", {"count": 2}, STRATEGIC)
+    store.delete_event("default", "e")
+    changes = store.changes_since(since, "Event", "default")
+    assert [c.type for c in changes] == ["ADDED", "MODIFIED", "DELETED"]
+    assert (
+        [c.version for c in changes]
+        == [since + 1, since + 2, since + 3]
+        == [int(c.obj["metadata"]["resourceVersion"]) for c in changes]
+    )
+    assert store.changes_since(since, "Event", "kube-system") == []
+    assert store.changes_since(since, "Node", None) == []
+
+
+def test_a_version_from_before_a_compaction_is_gone() -> None:
+    store = Store()
+    store.add_node("n")
+    old = store.version
+    store.patch_node_status("n", {"status": {}}, STRATEGIC)
+    store.compact()
+    with pytest.raises(StatusError) as err:
+        store.changes_since(old, "Node", None)
+    assert (err.value.code, err.value.reason) == (410, "Expired")
+    assert store.changes_since(store.version, "Node", None) == []

@@ -29,8 +29,24 @@ def test_the_rpc_and_health_path_imports_no_cluster_module() -> None:
 
 
 def test_the_check_would_see_a_cluster_import() -> None:
-    code = "import agents.cluster, sys; print('agents.cluster.client' in sys.modules)"
+    code = "import agents.cluster, sys; print('agents.cluster.access' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "True"
+
+
+def test_the_http_library_is_loaded_only_with_an_api_server_to_report_to() -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from agents.cluster import cluster_reporter\n"
+        "off = asyncio.run(cluster_reporter(None, 'n1', {}))\n"
+        "print(off is None, 'httpx' in sys.modules)\n"
+        "import agents.cluster.client\n"
+        "print('httpx' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    *_logged, off, on = done.stdout.splitlines()  # after the cluster_reports_off line
+    assert (off, on) == ("True False", "True")

@@ -1,10 +1,11 @@
 """The objects of the API-server stand-in: Nodes and Events, with the API server's own
-answers (Status objects, 404/409/415/422) and its patch semantics for them."""
+answers (Status objects, 404/409/410/415/422), its patch semantics for them, and the
+history of changes that watches read from a resourceVersion on."""
 
 from __future__ import annotations
 
 import copy
-import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,12 +72,29 @@ def _condition(status: Obj, kind: str) -> Obj | None:
     return None
 
 
+@dataclass(frozen=True)
+class Change:
+    """One line of a watch: what happened to an object, at which resourceVersion."""
+
+    version: int
+    type: str  # ADDED, MODIFIED or DELETED
+    kind: str
+    namespace: str | None  # None for a cluster-scoped object (a Node)
+    obj: Obj  # as it was then
+
+    def matches(self, kind: str, namespace: str | None) -> bool:
+        return self.kind == kind and namespace in (None, self.namespace)
+
+
 @dataclass
 class Store:
     nodes: dict[str, Obj] = field(default_factory=dict)
     events: dict[tuple[str, str], Obj] = field(default_factory=dict)
     statuses: list[tuple[str, Obj]] = field(default_factory=list)  # (node, status) patched
-    _versions: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    history: list[Change] = field(default_factory=list)
+    version: int = 0  # the newest resourceVersion given out
+    compacted: int = 0  # a watch from before this version is answered 410 Gone
+    listeners: list[Callable[[], None]] = field(default_factory=list)  # told of each change
 
     def add_node(self, name: str) -> Obj:
         node = {
@@ -88,6 +106,14 @@ class Store:
             },
         }
         self.nodes[name] = node
+        self._changed("ADDED", "Node", None, node)
+        return node
+
+    def delete_node(self, name: str) -> Obj:
+        node = self.nodes.pop(name, None)
+        if node is None:
+            raise StatusError(404, "NotFound", f'nodes "{name}" not found')
+        self._changed("DELETED", "Node", None, node, self._rv())
         return node
 
     def node(self, name: str) -> Obj:
@@ -110,6 +136,7 @@ class Store:
             raise StatusError(415, "UnsupportedMediaType", f"the body of type {content_type!r}")
         node["metadata"]["resourceVersion"] = self._rv()
         self.statuses.append((name, copy.deepcopy(node["status"])))
+        self._changed("MODIFIED", "Node", None, node)
         return node
 
     def condition(self, node: str, kind: str) -> Obj | None:
@@ -138,6 +165,7 @@ class Store:
         stored = copy.deepcopy(event)
         stored["metadata"] = {**meta, "namespace": namespace, "resourceVersion": self._rv()}
         self.events[namespace, name] = stored
+        self._changed("ADDED", "Event", namespace, stored)
         return stored
 
     def patch_event(self, namespace: str, name: str, patch: Obj, content_type: str) -> Obj:
@@ -150,11 +178,60 @@ class Store:
         assert isinstance(merged, dict)
         merged["metadata"]["resourceVersion"] = self._rv()
         self.events[namespace, name] = merged
+        self._changed("MODIFIED", "Event", namespace, merged)
         return merged
+
+    def delete_event(self, namespace: str, name: str) -> Obj:
+        event = self.events.pop((namespace, name), None)
+        if event is None:
+            raise StatusError(404, "NotFound", f'events "{name}" not found')
+        self._changed("DELETED", "Event", namespace, event, self._rv())
+        return event
 
     def event_list(self, namespace: str | None) -> Obj:
         items = [e for (ns, _), e in self.events.items() if namespace in (None, ns)]
-        return {"kind": "EventList", "apiVersion": "v1", "items": copy.deepcopy(items)}
+        return self._list("EventList", items)
+
+    def node_list(self) -> Obj:
+        return self._list("NodeList", list(self.nodes.values()))
+
+    def objects(self, kind: str, namespace: str | None) -> list[Obj]:
+        """What a watch from no resourceVersion starts with, as ADDED."""
+        listed = self.node_list() if kind == "Node" else self.event_list(namespace)
+        return list(listed["items"])
+
+    def changes_since(self, version: int, kind: str, namespace: str | None) -> list[Change]:
+        """The changes after `version`; 410 Gone if some of them were compacted away."""
+        if version < self.compacted:
+            raise StatusError(
+                410, "Expired", f"too old resource version: {version} ({self.compacted})"
+            )
+        return [c for c in self.history if c.version > version and c.matches(kind, namespace)]
+
+    def compact(self) -> None:
+        """Forget the history, as the API server's etcd compaction does."""
+        self.history.clear()
+        self.compacted = self.version
+
+    def _list(self, kind: str, items: list[Obj]) -> Obj:
+        return {
+            "kind": kind,
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self.version)},
+            "items": copy.deepcopy(items),
+        }
+
+    def _changed(
+        self, type_: str, kind: str, namespace: str | None, obj: Obj, version: str | None = None
+    ) -> None:
+        seen = copy.deepcopy(obj)
+        if version is not None:  # a deletion has a version of its own
+            seen["metadata"]["resourceVersion"] = version
+        rv = int(seen["metadata"]["resourceVersion"])
+        self.history.append(Change(rv, type_, kind, namespace, seen))
+        for listener in self.listeners:
+            listener()
 
     def _rv(self) -> str:
-        return str(next(self._versions))
+        self.version += 1
+        return str(self.version)

@@ -1,0 +1,328 @@
+"""An API-server stand-in on a loopback port: the paths, JSON and status codes the agent
+uses (Events, `nodes/{name}/status` patches, lists and `?watch=1` streams), kept-alive
+connections that it counts, injected errors, and the two ways a real one is unreachable:
+connections refused, and connections that never get an answer.
+
+`python -m tests.standin.apiserver --port N [--node NAME] [--mode up|refuse|hang]`
+serves until killed (the bench runs it so)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import ssl
+from collections import deque
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from tests.standin.apistore import Obj, StatusError, Store
+
+UP, REFUSE, HANG = "up", "refuse", "hang"
+NODES_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+)(/status)?)?$")
+EVENTS_PATH = re.compile(r"^/api/v1/(?:namespaces/([^/]+)/)?events(?:/([^/]+))?$")
+WATCH_TIMEOUT_S = 1800.0  # a watch without timeoutSeconds ends after this
+BOOKMARK_S = 1.0  # how often an idle watch that allows them gets a BOOKMARK
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    content_type: str
+    code: int
+    token: str = ""  # the bearer token it came with
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # without the query
+    query: dict[str, str]
+    content_type: str
+    body: object
+    close: bool  # the client asked for `Connection: close`
+    token: str
+
+    def call(self, code: int) -> Call:
+        return Call(self.method, self.path, self.content_type, code, self.token)
+
+
+class ApiServer:
+    def __init__(
+        self, nodes: tuple[str, ...] = ("node-1",), port: int = 0, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.tls = tls  # https with this context; None: plain http
+        self.store = Store()
+        for name in nodes:
+            self.store.add_node(name)
+        self.store.listeners.append(self._wake_watches)
+        self.calls: list[Call] = []
+        self.connections = 0  # accepted; over TLS each one is a completed handshake
+        self.mode = UP
+        self.port = port
+        self.bookmark_s = BOOKMARK_S
+        self._failures: deque[tuple[int, str | None]] = deque()
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+        self._held: set[asyncio.StreamWriter] = set()
+        self._watches: set[asyncio.Event] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    @property
+    def watching(self) -> int:
+        """Watches streaming now."""
+        return len(self._watches)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port, ssl=self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Close the listener and every connection, and wait for their handlers."""
+        await self._close_listener()
+        self._drop(self._open)
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5.0)
+
+    def fail_next(self, code: int, times: int = 1, method: str | None = None) -> None:
+        """Answer the next `times` calls (of `method`, if given) with `code`."""
+        self._failures.extend([(code, method)] * times)
+
+    async def set_mode(self, mode: str) -> None:
+        """up: answer; refuse: nothing listens on the port and the open connections are
+        gone, as of a server that went away; hang: accept, never answer."""
+        if mode == REFUSE:
+            await self._close_listener()
+            self._drop(self._open)
+        elif self._server is None:
+            await self.start()
+        if mode != HANG:
+            self._drop(self._held)
+        self.mode = mode
+
+    async def _close_listener(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _drop(self, writers: set[asyncio.StreamWriter]) -> None:
+        for writer in list(writers):
+            writer.close()
+        self._wake_watches()  # theirs may be among them
+
+    def _wake_watches(self) -> None:
+        for wake in self._watches:
+            wake.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._open.add(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+        try:
+            while (request := await _read_request(reader)) is not None:
+                if self.mode == HANG:
+                    self._held.add(writer)
+                    await reader.read()  # until the client gives up or the mode changes
+                    return
+                watched = _watched(request)
+                if watched is not None:
+                    await self._watch(request, *watched, reader, writer)
+                else:
+                    await self._reply(request, writer)
+                if request.close:
+                    return
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            pass  # a client gone midway
+        finally:
+            self._open.discard(writer)
+            self._held.discard(writer)
+            writer.close()
+
+    async def _reply(self, request: Request, writer: asyncio.StreamWriter) -> None:
+        await self._send(request, writer, *self._answer(request))
+
+    async def _send(
+        self, request: Request, writer: asyncio.StreamWriter, code: int, body: Obj
+    ) -> None:
+        self.calls.append(request.call(code))
+        data = json.dumps(body).encode()
+        head = (
+            f"HTTP/1.1 {code} {'OK' if code < 300 else 'Error'}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            f"{'Connection: close' if request.close else 'Connection: keep-alive'}\r\n\r\n"
+        )
+        writer.write(head.encode() + data)
+        await writer.drain()
+
+    def _answer(self, request: Request) -> tuple[int, Obj]:
+        try:
+            self._injected(request.method)
+            if not isinstance(request.body, dict) and request.method in ("POST", "PATCH"):
+                raise StatusError(400, "BadRequest", "the body is no JSON object")
+            return self._route(request)
+        except StatusError as exc:
+            return exc.code, exc.status()
+
+    def _injected(self, method: str) -> None:
+        for i, (code, only) in enumerate(self._failures):
+            if only in (None, method):
+                del self._failures[i]
+                raise StatusError(code, "InternalError" if code >= 500 else "Injected", "injected")
+
+    def _route(self, request: Request) -> tuple[int, Obj]:
+        method, path = request.method, request.path
+        patch = request.body if isinstance(request.body, dict) else {}
+        if m := NODES_PATH.match(path):
+            name, status = m.group(1), m.group(2)
+            if method == "GET":
+                return 200, self.store.node(name) if name else self.store.node_list()
+            if method == "PATCH" and name and status:
+                return 200, self.store.patch_node_status(name, patch, request.content_type)
+        elif m := EVENTS_PATH.match(path):
+            namespace, name = m.group(1), m.group(2)
+            if method == "GET" and name is None:
+                return 200, self.store.event_list(namespace)
+            if namespace is None:
+                pass  # /api/v1/events lists only
+            elif method == "POST" and name is None:
+                return 201, self.store.create_event(namespace, patch)
+            elif method == "PATCH" and name is not None:
+                return 200, self.store.patch_event(namespace, name, patch, request.content_type)
+            elif method == "DELETE" and name is not None:
+                return 200, self.store.delete_event(namespace, name)
+        raise StatusError(404, "NotFound", f"the server could not find {method} {path}")
+
+    async def _watch(
+        self,
+        request: Request,
+        kind: str,
+        namespace: str | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """A `?watch=1` stream of JSON lines until timeoutSeconds, either side closing,
+        or a 410 for a resourceVersion older than the history kept."""
+        try:
+            self._injected(request.method)
+        except StatusError as exc:
+            await self._send(request, writer, exc.code, exc.status())
+            return
+        self.calls.append(request.call(200))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + float(request.query.get("timeoutSeconds", WATCH_TIMEOUT_S))
+        bookmarks = request.query.get("allowWatchBookmarks") == "true"
+        since = request.query.get("resourceVersion", "")
+        if since in ("", "0"):
+            for obj in self.store.objects(kind, namespace):
+                _line(writer, "ADDED", obj)
+            since = str(self.store.version)
+        version = int(since)
+        wake = asyncio.Event()
+        self._watches.add(wake)
+        try:
+            while True:
+                wake.clear()
+                try:
+                    changes = self.store.changes_since(version, kind, namespace)
+                except StatusError as exc:
+                    _line(writer, "ERROR", exc.status())
+                    break
+                for change in changes:
+                    _line(writer, change.type, change.obj)
+                    version = change.version
+                await writer.drain()
+                left = deadline - loop.time()
+                if left <= 0 or reader.at_eof() or writer.is_closing():
+                    break
+                try:
+                    async with asyncio.timeout(min(left, self.bookmark_s)):
+                        await wake.wait()
+                except TimeoutError:
+                    if bookmarks and loop.time() < deadline:
+                        version = self.store.version  # nothing it watches changed since
+                        _line(writer, "BOOKMARK", _bookmark(kind, version))
+        finally:
+            self._watches.discard(wake)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+def _watched(request: Request) -> tuple[str, str | None] | None:
+    """The kind and namespace (None: all) a `?watch=1` request watches; None for any
+    other request."""
+    if request.method != "GET" or request.query.get("watch") not in ("1", "true"):
+        return None
+    if (m := NODES_PATH.match(request.path)) and m.group(1) is None:
+        return "Node", None
+    if (m := EVENTS_PATH.match(request.path)) and m.group(2) is None:
+        return "Event", m.group(1)
+    return None
+
+
+def _bookmark(kind: str, version: int) -> Obj:
+    return {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(version)}}
+
+
+def _line(writer: asyncio.StreamWriter, type_: str, obj: Obj) -> None:
+    data = json.dumps({"type": type_, "object": obj}).encode() + b"\n"
+    writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Request | None:
+    line = await reader.readline()
+    if not line:
+        return None
+    method, target, _ = line.decode("latin-1").split(" ", 2)
+    headers: dict[str, str] = {}
+    while (h := await reader.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = h.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    raw = await reader.readexactly(length) if length else b""
+    parts = urlsplit(target)
+    return Request(
+        method,
+        parts.path,
+        {k: v[-1] for k, v in parse_qs(parts.query).items()},
+        headers.get("content-type", "").split(";")[0],
+        json.loads(raw) if raw else None,
+        headers.get("connection", "").lower() == "close",
+        headers.get("authorization", "").removeprefix("Bearer "),
+    )
+
+
+async def _main(port: int, nodes: tuple[str, ...], mode: str) -> None:
+    server = ApiServer(nodes, port)
+    await server.start()
+    await server.set_mode(mode)
+    print(server.url, flush=True)
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--node", action="append", default=[])
+    parser.add_argument("--mode", choices=(UP, REFUSE, HANG), default=UP)
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_main(args.port, tuple(args.node) or ("node-1",), args.mode))
