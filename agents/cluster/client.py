@@ -1,6 +1,6 @@
 """A small asyncio client of the Kubernetes API: JSON over HTTP/1.1, one connection per
 request, bearer token or client certificate. The agent makes a handful of calls per
-health change, so a library of tens of megabytes buys it nothing (README: memory)."""
+health change, so a library of tens of megabytes buys it nothing (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
