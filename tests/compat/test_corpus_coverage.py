@@ -1,5 +1,6 @@
-"""The corpus covers every key of NVIDIA's v1 config format, and the README's table says
-for each key what the corpus shows: honoured, ignored with one warning, or refused."""
+"""The corpus covers every key of NVIDIA's v1 config format, and the configuration
+reference's table (docs/configuration.md) says for each key what the corpus shows:
+honoured, ignored with one warning, or refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 
 from tests.compat.corpus import CASES, CONFIGS, REFUSED, SERVED
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 TABLE_TITLE = "### NVIDIA device-plugin configs"
 
 _REPLICATED = (
@@ -68,10 +69,11 @@ def corpus_keys(configs: set[Path]) -> set[str]:
     return set().union(*(key_paths(yaml.safe_load(p.read_text())) for p in configs))
 
 
-def readme_table() -> dict[str, str]:
-    text = README.read_text()
+def reference_table() -> dict[str, str]:
+    text = REFERENCE.read_text()
     start = text.index(TABLE_TITLE)
-    section = text[start : text.index("\n## ", start)]
+    end = text.find("\n## ", start)
+    section = text[start : end if end != -1 else len(text)]
     rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, flags=re.MULTILINE)
     return {key: group.strip() for key, group in rows}
 
@@ -90,8 +92,8 @@ def test_the_corpus_uses_every_key_of_the_v1_format() -> None:
     assert NVIDIA_KEYS - used == set()
 
 
-def test_the_readme_table_lists_every_key_in_one_of_the_three_groups() -> None:
-    table = readme_table()
+def test_the_reference_table_lists_every_key_in_one_of_the_three_groups() -> None:
+    table = reference_table()
     assert set(table) == NVIDIA_KEYS
     assert set(table.values()) <= set(GROUPS)
 
@@ -108,7 +110,7 @@ def test_each_group_is_what_the_corpus_shows() -> None:
         for c in SERVED
     ]
     refused = {generic(c.key) for c in REFUSED}
-    for key, group in readme_table().items():
+    for key, group in reference_table().items():
         if group == "honoured":
             assert any(key in used and not warned_about(key, w) for used, w in uses), key
         elif group == "ignored, one warning":
