@@ -15,6 +15,7 @@ from agents.core.pci import host_bridge
 from agents.core.subsets import PairCosts
 from agents.core.topology import PciLocation, Topology, distance
 from hack.benchlib.agent import GPU, NIC
+from hack.benchlib.gpu_choice import spread_replicas
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,7 @@ class Model:
             for replica in ask.available:
                 free[gpu_of(replica)] += 1
             in_use = {gpu: self.replicas - n for gpu, n in free.items()}
-            return gpu_choice.spread_replicas(
-                ask.available, ask.must, ask.size, gpu_of=gpu_of, in_use=in_use
-            )
+            return spread_replicas(ask.available, ask.must, ask.size, gpu_of=gpu_of, in_use=in_use)
         if not self.paired:
             raise ValueError("without pairing, the NIC choice is no core function")
         costs = self.costs[ask.resource]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from agents.backends import simulated_backends
 from agents.config import Config, Pairing
-from agents.core.gpu_choice import choose_gpus
 from agents.core.topology import Distance, Topology
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
@@ -26,6 +25,7 @@ from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, at_least, info
+from hack.benchlib.gpu_choice import choose_gpus
 from hack.benchlib.judge import Judge, Knowledge, Tally, nics_for
 from tests.standin.foreign import FlappingPlugin
 

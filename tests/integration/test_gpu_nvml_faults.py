@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from agents.config import Config
-from agents.core.gpu_choice import choose_gpus
 from agents.core.xid import HOLD_S
 from agents.gpu.discovery import discover, gpu_distance, nvlink_counts
 from agents.gpu.plan import GPU_RESOURCE
@@ -26,6 +25,7 @@ from agents.hw.nvml import NVSWITCH_BUS_ID
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.tasks import until
+from hack.benchlib.gpu_choice import choose_gpus
 from tests.conditions import async_wait_until, wait_until
 from tests.families import gpu_family
 from tests.integration.gpu_agent import running_agent

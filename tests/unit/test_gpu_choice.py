@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.core.gpu_choice import choose_gpus, spread_replicas
 from agents.core.topology import Distance, PciLocation, distance
+from hack.benchlib.gpu_choice import choose_gpus, spread_replicas
 
 NvLinks = dict[frozenset[str], int]
 Pcie = dict[frozenset[str], Distance]

@@ -1,5 +1,5 @@
 """The GPU resource's preferred choice: its cached costs and replica index answer as the
-pure functions of agents.core.gpu_choice do."""
+pure choices of agents.core.gpu_choice do (hack/benchlib/gpu_choice as one call)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.config import Flags
-from agents.core.gpu_choice import choose_gpus, spread_replicas
 from agents.core.topology import Distance
 from agents.gpu.plan import REPLICA_SEPARATOR, ResourcePlan, Unit
 from agents.gpu.resource import AllocateOptions, GpuResource
+from hack.benchlib.gpu_choice import choose_gpus, spread_replicas
 
 OPTIONS = AllocateOptions(
     flags=Flags(),
