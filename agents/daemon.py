@@ -107,12 +107,16 @@ class Agent:
         if self.manager is not None:
             return self.manager
         fresh = await self._make(self.kinds, self.config)
-        manager = PluginManager(
-            self.plugin_dir,
-            [r for f in fresh for r in f.resources()],
-            telemetry=self.telemetry,
-            before_preferred=self.pairing.refresh if self.pairing is not None else None,
-        )
+        try:
+            manager = PluginManager(
+                self.plugin_dir,
+                [r for f in fresh for r in f.resources()],
+                telemetry=self.telemetry,
+                before_preferred=self.pairing.refresh if self.pairing is not None else None,
+            )
+        except BaseException:
+            await _close(fresh)
+            raise
         for family in fresh:  # nothing below can fail: the families are the agent's now
             self._adopt(family, self.config)
         self._say_pairing()
@@ -134,8 +138,7 @@ class Agent:
                 if not any(r.inventory.devices for r in made[-1].resources()):
                     log.info("family_without_devices", family=kind.name, effect="no resources")
         except BaseException:
-            for family in made:
-                await family.close()
+            await _close(made)
             raise
         return made
 
@@ -143,7 +146,7 @@ class Agent:
         side = None
         if self.pairing is not None and kind.pairs_as is not None and config.pairing.enabled:
             side = self.pairing.side(kind.pairs_as)
-        return Context(self.backends, self.config_source, self.telemetry, self.health, side)
+        return Context(self.backends, self.health, side)
 
     def _adopt(self, family: Family, config: Config) -> None:
         """Make `family` the agent's, and tell pairing where its devices are."""
@@ -176,8 +179,7 @@ class Agent:
             try:
                 manager.check(now)
             except BaseException:
-                for family in fresh:
-                    await family.close()
+                await _close(fresh)
                 raise
             await self._swap(fresh, config)
             unchanged = {r.name for r in now if before.get(r.name) == _definition(r)}
@@ -254,6 +256,12 @@ class Agent:
             self.backends.links.close()
             if self.pairing is not None:
                 await self.pairing.close()
+
+
+async def _close(families: Sequence[Family]) -> None:
+    """Give back what the discoveries of families that will never run took."""
+    for family in families:
+        await family.close()
 
 
 def _task(family: Family) -> str:

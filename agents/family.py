@@ -16,7 +16,6 @@ from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
 from agents.plugin.resource import Resource
-from agents.plugin.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from agents.backends import Backends
@@ -56,8 +55,6 @@ class Context:
     """What a family is built with besides its config sections and what it discovered."""
 
     backends: Backends
-    config_source: str
-    telemetry: Telemetry
     health: HealthSink
     pairing: PairingSide | None  # None: this family is not paired
 
