@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from collections import deque
@@ -75,7 +76,8 @@ class NvmlEvents:
                     await waiter  # until the call returns, as long as NVML hangs
             finally:
                 with self._mutex:
-                    self._waiter = None
+                    if self._waiter is not None and self._waiter[0] is waiter:
+                        self._waiter = None
         with self._mutex:
             raw = list(self._pending)
             self._pending.clear()
@@ -138,7 +140,7 @@ class NvmlEvents:
                 deadline = self._waiter[1] if self._waiter is not None else None
             timeout_ms = _WAIT_SLICE_MS
             if deadline is not None:
-                left_ms = int((deadline - time.monotonic()) * 1000)
+                left_ms = math.ceil((deadline - time.monotonic()) * 1000)
                 timeout_ms = max(0, min(timeout_ms, left_ms))
             first = self._wait_one(timeout_ms, stop)
             raw = [] if first is None else [first, *self._drain(stop)]
@@ -156,6 +158,10 @@ class NvmlEvents:
             due = waiter is not None and (
                 wake or raw or error is not None or time.monotonic() >= waiter[1]
             )
+            if due:
+                # Woken once: until the loop takes it, slices must not follow its deadline
+                # (a deadline passed would make them zero-length, a spin).
+                self._waiter = None
         if waiter is not None and due:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 waiter[0].get_loop().call_soon_threadsafe(_wake, waiter[0])
