@@ -118,16 +118,26 @@ class AgentProcess:
         raise RuntimeError("no VmRSS")
 
     def cpu_seconds(self) -> float:
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        # utime and stime are fields 14 and 15 of the whole line, in clock ticks.
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return proc_cpu_seconds(self.pid)
 
     def fd_count(self) -> int:
         return len(os.listdir(f"/proc/{self.pid}/fd"))
 
     def thread_count(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/task"))
+        return len(proc_thread_ids(self.pid))
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    # utime and stime are fields 14 and 15 of the whole line, in clock ticks.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_thread_ids(pid: int) -> set[int]:
+    """The IDs of a process's threads now: a thread started later has a new one."""
+    return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}
 
 
 class Client:

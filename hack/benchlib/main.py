@@ -16,7 +16,16 @@ from pathlib import Path
 import structlog
 
 from agents.sim.bundled import DEMO_NODE, bundled_node
-from hack.benchlib import apiserver, busy, faults, latency, lifecycle, nvml_hang, pairing
+from hack.benchlib import (
+    apiserver,
+    busy,
+    faults,
+    idle_nvml,
+    latency,
+    lifecycle,
+    nvml_hang,
+    pairing,
+)
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, as_json, table
 from hack.benchlib.nodes import generate_node, sharing_config, write_yaml
@@ -56,10 +65,19 @@ def latency_figures(root: Path, n: int) -> list[Figure]:
     return figures
 
 
-def run(quick: bool, progress: Callable[[str], None], only: str | None = None) -> list[Figure]:
+def run(
+    quick: bool,
+    progress: Callable[[str], None],
+    only: str | None = None,
+    idle_s: float | None = None,
+) -> list[Figure]:
     figures: list[Figure] = []
+    idle_s = idle_s if idle_s is not None else 5.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         root = Path(tmp)
+        if only == "idle-nvml":
+            progress(f"idle on the real NVML backend, {idle_s:g} s")
+            return asyncio.run(idle_nvml.idle_nvml(root, idle_s))
         if only == "busy":
             progress("GetPreferredAllocation on partly occupied nodes")
             return busy.busy_figures(root, 300 if quick else 2000, 100 if quick else 300)
@@ -73,9 +91,9 @@ def run(quick: bool, progress: Callable[[str], None], only: str | None = None) -
             return path
 
         progress("start, idle, restarts")
-        figures += asyncio.run(
-            lifecycle.lifecycle(fresh("lifecycle"), restarts=20, idle_s=5.0 if quick else 30.0)
-        )
+        figures += asyncio.run(lifecycle.lifecycle(fresh("lifecycle"), restarts=20, idle_s=idle_s))
+        progress(f"idle on the real NVML backend, {idle_s:g} s")
+        figures += asyncio.run(idle_nvml.idle_nvml(fresh("idle-nvml"), idle_s))
         progress("Allocate / GetPreferredAllocation latency")
         figures += latency_figures(root, 300 if quick else 2000)
         progress("GetPreferredAllocation on partly occupied nodes")
@@ -99,9 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver"],
+        choices=["busy", "apiserver", "idle-nvml"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
-        "apiserver: RPCs and faults with the API server reachable, refused, never answering)",
+        "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
+        "idle-nvml: CPU and threads of an idle agent on the real NVML backend)",
+    )
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        help="the idle window in seconds (default 30, 5 with --quick); an hour: 3600",
     )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
@@ -109,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(step: str) -> None:
         print(f"bench: {step} ...", file=sys.stderr, flush=True)
 
-    figures = run(args.quick, progress, args.only)
+    figures = run(args.quick, progress, args.only, args.idle_s)
     info = machine()
     if args.json:
         print(as_json(figures, info))

@@ -15,8 +15,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from agents.hw.nvml import NVSWITCH_BUS_ID
+from agents.errors import BackendError
+from agents.hw.nvml import NVSWITCH_BUS_ID, XidEvent
 from agents.hw.nvml_backend import NvmlBackend
+from tests.conditions import async_wait_until
 
 NEW_CODE = 4242  # an error code this pynvml does not know yet
 FAILURES = {
@@ -218,3 +220,43 @@ async def test_shutdown_returns_while_an_event_wait_hangs(lib: FakeLib) -> None:
     hang.set()
     assert took < 2.0
     assert lib.shutdowns == 0  # not under a call that still hangs in the driver
+
+
+def _event_threads() -> set[int | None]:
+    return {t.ident for t in threading.enumerate() if t.name == "nvml-events"}
+
+
+async def test_event_waits_share_one_thread_that_outlives_a_failed_wait(lib: FakeLib) -> None:
+    before = _event_threads()
+    backend = _backend(lib)
+    for _ in range(5):
+        assert await backend.next_events(0.02) == []
+    lib.fail["nvmlEventSetWait_v2"] = pynvml.NVML_ERROR_UNKNOWN
+    with pytest.raises(BackendError, match="waiting for events"):
+        await backend.next_events(5)  # woken by the failure, not by its deadline
+    del lib.fail["nvmlEventSetWait_v2"]
+    events = [_xid_data(1, 79)]
+    lib.wait = lambda: events.pop() if events else _timeout()
+    began = time.monotonic()
+    while not (seen := await backend.next_events(0.1)):
+        assert time.monotonic() - began < 5
+    assert seen == [XidEvent("GPU-1", 79)]
+    threads = _event_threads() - before
+    assert len(threads) == 1
+    lib.wait = None
+    backend.shutdown()
+    assert lib.shutdowns == 1
+    await async_wait_until(lambda: not threads & _event_threads(), what="the thread ends")
+
+
+def _timeout() -> object:
+    time.sleep(0.01)
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+
+def _xid_data(index: int, xid: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        eventType=pynvml.nvmlEventTypeXidCriticalError,
+        eventData=xid,
+        device=ctypes.c_void_p(0x1000 + index),
+    )

@@ -1,0 +1,234 @@
+"""NVML's event set for every GPU, waited on by one long-lived daemon thread that hands
+what arrives to the event loop: an idle agent waits for XIDs without starting threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import pynvml
+import structlog
+
+from agents.errors import BackendError
+from agents.hw.nvml_query import ODD_ANSWERS, code, handle_key, text
+
+log = structlog.get_logger(__name__)
+
+WANTED_EVENTS = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeSingleBitEccError
+)
+_WAIT_SLICE_MS = 250  # bounds how long close() waits for the wait in hand
+_RETRY_S = 1.0  # after a failed wait, before the next one
+_DRAIN_MAX = 64
+_PENDING_MAX = 1024  # events nobody has asked for yet: the oldest go first
+
+
+class NvmlEvents:
+    """The event set and its thread, started by the first wait(), ended by close().
+
+    The thread waits in slices, holding `_lock` for one slice at a time, so that close()
+    can free the set between two slices; a slice that hangs in the driver holds up no
+    coroutine, only close(), and that for a bounded time."""
+
+    def __init__(self, lib: Any, known: set[str]) -> None:
+        self._lib = lib
+        self._known = known  # UUIDs listed by the backend: registering lists them too
+        self._lock = threading.Lock()  # the event set: one slice of waiting, or its release
+        self._event_set: Any = None
+        self._uuids: dict[int, str] = {}
+        self.stale = False  # a GPU was reset: register every GPU again before the next slice
+        self._unregistered: set[int] = set()  # GPU indices without events, logged once
+        self._mutex = threading.Lock()  # what the thread hands over, and who waits for it
+        self._pending: deque[tuple[str | None, Any]] = deque(maxlen=_PENDING_MAX)
+        self._error: BackendError | None = None
+        self._waiter: tuple[asyncio.Future[None], float] | None = None  # and its deadline
+        self._stop: threading.Event | None = None  # the running thread's; None: none runs
+        self._calling_since: float | None = None  # when the thread's NVML wait began
+
+    async def wait(self, timeout_s: float) -> list[tuple[str | None, Any]]:
+        """The events that arrive within timeout_s, each with its GPU's UUID (None where
+        NVML will not say); longer only while the wait in hand hangs in the driver.
+        Raises BackendError when the last slice failed."""
+        if self._stop is None:
+            self._stop = threading.Event()
+            threading.Thread(
+                target=self._run, args=(self._stop,), name="nvml-events", daemon=True
+            ).start()
+        waiter = asyncio.get_running_loop().create_future()
+        with self._mutex:
+            news = bool(self._pending) or self._error is not None
+            if not news:
+                self._waiter = (waiter, time.monotonic() + max(timeout_s, 0.0))
+        if not news:
+            try:
+                # The thread wakes the waiter with news, or at its deadline; the timer
+                # keeps a short timeout short while a slice begun earlier runs on.
+                await asyncio.wait({waiter}, timeout=timeout_s)
+                if not waiter.done() and self._hung():
+                    await waiter  # until the call returns, as long as NVML hangs
+            finally:
+                with self._mutex:
+                    if self._waiter is not None and self._waiter[0] is waiter:
+                        self._waiter = None
+        with self._mutex:
+            raw = list(self._pending)
+            self._pending.clear()
+            error = None
+            if not raw:  # an error after these events is told at the next wait
+                error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return raw
+
+    def _hung(self) -> bool:
+        """The thread is in one NVML call for far longer than a slice."""
+        since = self._calling_since
+        return since is not None and time.monotonic() - since > 2 * _WAIT_SLICE_MS / 1000
+
+    def _uuid(self, handle: Any) -> str | None:
+        uuid = self._uuids.get(handle_key(handle))
+        if uuid is None:
+            with contextlib.suppress(*ODD_ANSWERS):
+                uuid = text(self._lib.nvmlDeviceGetUUID(handle))
+        return uuid
+
+    def close(self, within_s: float) -> bool:
+        """End the thread and free the set; False (set kept) when a wait does not
+        return within within_s: NVML must not be shut down under it."""
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.set()
+        if not self._lock.acquire(timeout=within_s):
+            return False
+        try:
+            self._free()
+        finally:
+            self._lock.release()
+        return True
+
+    def _run(self, stop: threading.Event) -> None:
+        """The thread: slice after slice until close(); each outcome to the waiter."""
+        while not stop.is_set():
+            try:
+                raw = self._slice(stop)
+            except Exception as exc:  # told to the waiter; the thread must go on
+                error = (
+                    exc if isinstance(exc, BackendError) else BackendError(f"NVML events: {exc!r}")
+                )
+                self._hand([], error)
+                stop.wait(_RETRY_S)
+                continue
+            self._hand(raw, None)
+        self._hand([], None, wake=True)  # closed: nobody waits on a thread that has ended
+
+    def _slice(self, stop: threading.Event) -> list[tuple[str | None, Any]]:
+        with self._lock, _translated("waiting for events"):
+            if stop.is_set():
+                return []
+            if self.stale or self._event_set is None:
+                self._free()
+                self._create()
+            with self._mutex:
+                deadline = self._waiter[1] if self._waiter is not None else None
+            timeout_ms = _WAIT_SLICE_MS
+            if deadline is not None:
+                left_ms = math.ceil((deadline - time.monotonic()) * 1000)
+                timeout_ms = max(0, min(timeout_ms, left_ms))
+            first = self._wait_one(timeout_ms, stop)
+            raw = [] if first is None else [first, *self._drain(stop)]
+            return [(self._uuid(data.device), data) for data in raw]
+
+    def _hand(
+        self, raw: list[tuple[str | None, Any]], error: BackendError | None, wake: bool = False
+    ) -> None:
+        """Keep what the slice brought; wake the waiter when there is news or its time is up."""
+        with self._mutex:
+            self._pending.extend(raw)
+            if error is not None:
+                self._error = error
+            waiter = self._waiter
+            due = waiter is not None and (
+                wake or raw or error is not None or time.monotonic() >= waiter[1]
+            )
+            if due:
+                # Woken once: until the loop takes it, slices must not follow its deadline
+                # (a deadline passed would make them zero-length, a spin).
+                self._waiter = None
+        if waiter is not None and due:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                waiter[0].get_loop().call_soon_threadsafe(_wake, waiter[0])
+
+    def _wait_one(self, timeout_ms: int, stop: threading.Event) -> Any:
+        self._calling_since = time.monotonic()
+        try:
+            return self._lib.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            if code(exc) == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            if code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
+                # status() reports the loss; the next slice registers the GPUs again.
+                # NVML may answer so at once for every wait: sit the slice out instead.
+                self.stale = True
+                self._calling_since = None
+                stop.wait(timeout_ms / 1000)
+                return None
+            raise
+        finally:
+            self._calling_since = None
+
+    def _drain(self, stop: threading.Event) -> list[Any]:
+        out: list[Any] = []
+        while len(out) < _DRAIN_MAX and (data := self._wait_one(0, stop)) is not None:
+            out.append(data)
+        return out
+
+    def _create(self) -> None:
+        lib = self._lib
+        self._event_set = lib.nvmlEventSetCreate()
+        self.stale = False
+        for index in range(int(lib.nvmlDeviceGetCount())):
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                uuid = text(lib.nvmlDeviceGetUUID(handle))
+                mask = WANTED_EVENTS & int(lib.nvmlDeviceGetSupportedEventTypes(handle))
+                lib.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+            except ODD_ANSWERS as exc:
+                # a lost GPU is registered again once status() sees it answer
+                if index not in self._unregistered:
+                    self._unregistered.add(index)
+                    log.warning("nvml_events_unavailable", index=index, error=str(exc))
+                continue
+            self._unregistered.discard(index)
+            self._uuids[handle_key(handle)] = uuid
+            self._known.add(uuid)
+
+    def _free(self) -> None:
+        if self._event_set is None:
+            return
+        event_set, self._event_set = self._event_set, None
+        self._uuids.clear()
+        try:
+            self._lib.nvmlEventSetFree(event_set)
+        except ODD_ANSWERS as exc:
+            log.warning("nvml_event_set_free_failed", error=str(exc))
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():  # cancelled meanwhile: the caller stopped waiting
+        waiter.set_result(None)
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except ODD_ANSWERS as exc:
+        raise BackendError(f"NVML {what}: {exc}") from exc
