@@ -21,26 +21,27 @@ def off_loop(call: Callable[[], T], name: str) -> asyncio.Future[T]:
     leaves the thread to finish, or hang, on its own. For rare calls (discovery): a
     steady stream of calls belongs to a thread of its own."""
     future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-
-    def work() -> None:
-        try:
-            result, error = call(), None
-        except BaseException as exc:  # handed to the awaiting coroutine, not lost
-            result, error = None, exc
-
-        def settle() -> None:
-            if future.done():
-                return  # cancelled meanwhile: the caller stopped waiting
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]
-
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-            future.get_loop().call_soon_threadsafe(settle)
-
-    threading.Thread(target=work, name=name, daemon=True).start()
+    threading.Thread(target=settle, args=(future, call), name=name, daemon=True).start()
     return future
+
+
+def settle(future: asyncio.Future[T], call: Callable[[], T]) -> None:
+    """Run `call` here (a worker thread) and hand its outcome to `future`'s loop."""
+    try:
+        result, error = call(), None
+    except BaseException as exc:  # handed to the awaiting coroutine, not lost
+        result, error = None, exc
+
+    def outcome() -> None:
+        if future.done():
+            return  # cancelled meanwhile: the caller stopped waiting
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+        future.get_loop().call_soon_threadsafe(outcome)
 
 
 async def first(*waits: Awaitable[object], within: float | None = None) -> None:

@@ -4,7 +4,6 @@ that hangs in the driver delays no coroutine and never holds up the process's ex
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import queue
 import threading
 import time
@@ -16,40 +15,12 @@ import structlog
 
 from agents.errors import BackendError
 from agents.hw.nvml import GpuStatus, Nvml
+from agents.tasks import off_loop, settle
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
 
 HANG_S = 10.0  # a GPU whose NVML call has not returned for this long is Unhealthy (hung)
-
-
-def in_thread(call: Callable[[], T], name: str = "nvml") -> asyncio.Future[T]:
-    """Run `call` in a new daemon thread; its result or exception lands in the future.
-
-    Not asyncio.to_thread: the default executor's threads are joined at exit, so one
-    call hung in the driver would keep the process from ever exiting."""
-    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-    threading.Thread(target=_settle, args=(future, call), name=name, daemon=True).start()
-    return future
-
-
-def _settle(future: asyncio.Future[T], call: Callable[[], T]) -> None:
-    """Run `call` here (a worker thread) and hand its outcome to `future`'s loop."""
-    try:
-        result, error = call(), None
-    except Exception as exc:  # handed to the awaiting coroutine, not lost
-        result, error = None, exc
-
-    def settle() -> None:
-        if future.done():
-            return  # cancelled meanwhile: the caller stopped waiting
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-        future.get_loop().call_soon_threadsafe(settle)
 
 
 class Worker:
@@ -72,7 +43,7 @@ class Worker:
 
     def _run(self) -> None:
         while (item := self._calls.get()) is not None:
-            _settle(*item)
+            settle(*item)
 
 
 def waited(call: Callable[[], T], timeout_s: float, name: str = "nvml") -> T:
@@ -101,7 +72,7 @@ def waited(call: Callable[[], T], timeout_s: float, name: str = "nvml") -> T:
 async def bounded(call: Callable[[], T], timeout_s: float, name: str = "nvml") -> T:
     """`call` off the loop; BackendError when it has not returned within timeout_s
     (the thread is left to finish or hang on its own)."""
-    future = in_thread(call, name)
+    future = off_loop(call, name)
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout_s)
     except TimeoutError as exc:

@@ -25,8 +25,8 @@ from agents.hw.nvml import (
     XidEvent,
     nvlink_ends,
 )
-from agents.hw.nvml_calls import in_thread
 from agents.sim.node import GpuSpec, NodeSpec
+from agents.tasks import off_loop
 
 XID_FALLEN_OFF_BUS = 79
 DRIVER_VERSION = "550.54.15"
@@ -96,7 +96,7 @@ class SimNvml:
         self._require_init()
         hang_s = max((g.nvml_hang_s for g in self._node.gpus), default=0.0)
         if hang_s > 0:  # a hung GPU hangs the wait on the event set that holds it
-            await in_thread(lambda: time.sleep(hang_s), "sim-nvml-events")
+            await off_loop(lambda: time.sleep(hang_s), "sim-nvml-events")
         if not self._pending:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(timeout_s, 0.0)):  # a timer, not a task
