@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pynvml
@@ -12,7 +11,7 @@ import structlog
 from agents.errors import BackendError
 from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
 from agents.hw.nvml_events import NvmlEvents
-from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, text
+from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, text, translated
 
 log = structlog.get_logger(__name__)
 
@@ -61,12 +60,12 @@ class NvmlBackend:
             raise BackendError(f"NVML shutdown failed: {exc}") from exc
 
     def driver_version(self) -> str:
-        with _translated("reading the driver version"):
+        with translated("reading the driver version"):
             return text(self._lib.nvmlSystemGetDriverVersion())
 
     def gpus(self) -> Sequence[GpuInfo]:
         """Every GPU NVML lists; one whose UUID NVML will not give is left out."""
-        with _translated("counting GPUs"):
+        with translated("counting GPUs"):
             count = int(self._lib.nvmlDeviceGetCount())
         gpus = [info for i in range(count) if (info := self._reader.info(i)) is not None]
         self._known.update(gpu.uuid for gpu in gpus)
@@ -128,11 +127,3 @@ class NvmlBackend:
             if uuid is not None:
                 events.append(XidEvent(uuid=uuid, xid=int(data.eventData)))
         return events
-
-
-@contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except ODD_ANSWERS as exc:
-        raise BackendError(f"NVML {what}: {exc}") from exc

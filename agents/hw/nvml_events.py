@@ -9,14 +9,13 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import structlog
 
 from agents.errors import BackendError
-from agents.hw.nvml_query import ODD_ANSWERS, code, handle_key, text
+from agents.hw.nvml_query import ODD_ANSWERS, code, handle_key, text, translated
 
 log = structlog.get_logger(__name__)
 
@@ -130,7 +129,7 @@ class NvmlEvents:
         self._hand([], None, wake=True)  # closed: nobody waits on a thread that has ended
 
     def _slice(self, stop: threading.Event) -> list[tuple[str | None, Any]]:
-        with self._lock, _translated("waiting for events"):
+        with self._lock, translated("waiting for events"):
             if stop.is_set():
                 return []
             if self.stale or self._event_set is None:
@@ -224,11 +223,3 @@ class NvmlEvents:
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():  # cancelled meanwhile: the caller stopped waiting
         waiter.set_result(None)
-
-
-@contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except ODD_ANSWERS as exc:
-        raise BackendError(f"NVML {what}: {exc}") from exc

@@ -3,13 +3,16 @@ each field NVML will not give keeps a default and is logged once."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import structlog
 
 from agents.core.mig import mig_profile_name
+from agents.errors import BackendError
 from agents.hw.nvml import GpuInfo, MigInstance, NvLink, nvlink_ends
 
 log = structlog.get_logger(__name__)
@@ -18,6 +21,15 @@ log = structlog.get_logger(__name__)
 # a missing symbol in an old driver, a structure of an unexpected shape.
 ODD_ANSWERS = (pynvml.NVMLError, ValueError, TypeError, UnicodeError, AttributeError)
 _NO_SUCH_LINK = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+
+@contextlib.contextmanager
+def translated(what: str) -> Iterator[None]:
+    """NVML's odd answers to what is being done, as one BackendError that says what."""
+    try:
+        yield
+    except ODD_ANSWERS as exc:
+        raise BackendError(f"NVML {what}: {exc}") from exc
 
 
 def code(exc: BaseException) -> int:
