@@ -202,6 +202,10 @@ async def test_50_sighup_reloads_under_steady_rpcs_cost_no_pair_and_no_error(
         await asyncio.wait_for(admitting, WAIT)
 
     unpaired = [p.pod for p in pods if not paired(partners, p)]
+    print(
+        f"figure: {len(pods)} pods of 2 GPUs + 2 NICs over {RELOADS} reloads, "
+        f"{len(pods) - len(unpaired)} paired"
+    )
     assert len(pods) >= RELOADS
     assert unpaired == []
     assert "config_reload_refused" not in agent.stderr
