@@ -47,7 +47,7 @@ async def lifecycle(work: Path, restarts: int, idle_s: float) -> list[Figure]:
     figures: list[Figure] = []
     try:
         started = time.monotonic()
-        await agent.start()
+        agent.start()
         await kubelet.wait_until(lambda k: _registered_since(k, 0, RESOURCES), 30)
         registered_s = time.monotonic() - started
         devices = _device_count(kubelet)
