@@ -94,8 +94,10 @@ class Agent:
         """Node labels of every family, and whether GPUs and NICs share a switch."""
         labels = {k: v for f in self.families.values() for k, v in f.labels().items()}
         if self.pairing is not None:
-            by_kind = {k.pairs_as: self.families[k.name].locations() for k in self.kinds}
-            labels |= pairs_label(*(by_kind[kind] for kind in sorted(PAIRED_KINDS)))
+            located = {
+                k.pairs_as: self.families[k.name].locations() for k in self.kinds if k.pairs_as
+            }
+            labels |= pairs_label(located)
         return labels
 
     def serving(self) -> bool:

@@ -156,9 +156,10 @@ class PairingSide:
             self.pairing.ledger.allocated(self.kind, ids)
 
 
-def pairs_label(gpus: Mapping[str, PciLocation], nics: Mapping[str, PciLocation]) -> dict[str, str]:
-    """The node label that says whether some GPU and NIC share a PCIe switch (PIX or PXB)."""
-    topology = Topology(dict(gpus), dict(nics))
+def pairs_label(located: Mapping[str, Mapping[str, PciLocation]]) -> dict[str, str]:
+    """The node label that says whether some GPU and NIC share a PCIe switch (PIX or PXB);
+    `located`: where the devices of each kind (GPU, NIC) sit."""
+    topology = Topology(dict(located.get(GPU, {})), dict(located.get(NIC, {})))
     close = any(
         topology.pair_distance(gpu, next(iter(near))) <= Distance.PXB
         for gpu, near in topology.pairs().items()

@@ -153,10 +153,11 @@ class RoceFamily:
         # Most polls change nothing: rebuilding the device list then is wasted work.
         if self._pushed == (nics, healthy):
             return False
+        moved, self._nics = nics != self._nics, nics
         pairing = self._resource.pairing
-        if pairing is not None and nics != self._nics:
-            pairing.located(self._resource.name, {n.pci: n.location for n in nics})
-        self._nics = nics
+        if pairing is not None and moved:
+            located = self.located()
+            pairing.located(located.resource, located.devices)
         self._pushed = (nics, healthy)
         self._resource.set_nics(nics, healthy)
         return True

@@ -78,7 +78,7 @@ def _empty_families() -> dict[str, dict[str, str]]:
     config = Config.default()
     gpu = GpuFamily(Uninitialised(), GpusFound((), (), {}, "", held=False), config)
     roce = RoceFamily(Sysfs(Path("/nonexistent")), Unread(), NicsFound((), {}), config)
-    return {"gpu": gpu.labels(), "roce": roce.labels(), "pairs": pairs_label({}, {})}
+    return {"gpu": gpu.labels(), "roce": roce.labels(), "pairs": pairs_label({})}
 
 
 def test_node_labels_without_devices_are_valid_and_say_so() -> None:
