@@ -17,7 +17,9 @@ from grpc_tools import protoc  # type: ignore[import-untyped]
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
 OUT_DIR = ROOT / "agents" / "api"
-PROTOS = ("api", "podresources")  # the device-plugin API v1beta1, pod-resources v1
+# The device-plugin API v1beta1, pod-resources v1, plugin registration, DRA v1 and
+# v1beta1, DRA health v1alpha1.
+PROTOS = ("api", "podresources", "pluginregistration", "dra", "dra_v1beta1", "dra_health")
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 
@@ -40,9 +42,7 @@ def generate(into: Path) -> dict[str, str]:
             name = proto + suffix
             text = (into / name).read_text()
             # The gRPC module imports its sibling as a top-level module; make it relative.
-            text = text.replace(
-                f"import {proto}_pb2 as {proto}__pb2", f"from . import {proto}_pb2 as {proto}__pb2"
-            )
+            text = text.replace(f"import {proto}_pb2 as ", f"from . import {proto}_pb2 as ")
             files[name] = header + text
     return files
 
