@@ -19,6 +19,7 @@ from agents.plugin.resource import Resource
 
 if TYPE_CHECKING:
     from agents.backends import Backends
+    from agents.dra.devices import DraDevices
 
 
 class FamilyResource(Resource, Protocol):
@@ -90,6 +91,11 @@ class Family(Protocol):
         flap. Called on the loop before the family is adopted."""
         ...
 
+    def dra(self) -> DraDevices:
+        """The family's devices as its DRA driver publishes them (`node-agent run --api
+        dra`); read again whenever a resource's inventory changes."""
+        ...
+
     async def run(self) -> None:
         """Keep health current until cancelled; release what discovery took on the way out."""
         ...
@@ -113,6 +119,12 @@ class FamilyKind(Protocol):
         ...
 
     def build(self, found: Any, config: Config, context: Context) -> Family: ...
+
+    def for_dra(self, config: Config) -> Config:
+        """`config` as this family runs under DRA: the keys that mean nothing there (claims
+        share and name devices) set back to their defaults, with one warning for each that
+        was set."""
+        ...
 
 
 def config_view(kind: FamilyKind, config: Config) -> Config:

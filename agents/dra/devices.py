@@ -1,0 +1,72 @@
+"""What a family publishes through DRA: one driver's devices with their attributes and
+capacities, each tied to the family resource (and device ID) that serves and watches it.
+Free of any wire format; agents/dra/slices.py turns it into ResourceSlices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from agents.core.topology import PciLocation
+
+STANDARD = "resource.kubernetes.io"  # the attribute domain every DRA driver shares
+OURS = "node-agents.io"
+PCI_BUS_ID = f"{STANDARD}/pciBusID"
+PCIE_ROOT = f"{STANDARD}/pcieRoot"
+NUMA_NODE = f"{STANDARD}/numaNode"
+PCIE_SWITCH = f"{OURS}/pcieSwitch"
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """A semantic-version attribute ("12.4.0"), published as `version`, not `string`."""
+
+    value: str
+
+
+AttributeValue = str | int | bool | Version
+
+
+@dataclass(frozen=True)
+class Taint:
+    """The NoSchedule taint an Unhealthy device carries with --dra-device-taints."""
+
+    key: str
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One published device. Attribute names without a domain belong to the driver's."""
+
+    name: str  # a DNS label, unique within the driver on this node: gpu-0
+    resource: str  # the family resource that serves it (health, container edits)
+    device_id: str  # its ID in that resource's inventory
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    capacity: Mapping[str, str] = field(default_factory=dict)  # quantities: "81920Mi"
+
+
+@dataclass(frozen=True)
+class DraDevices:
+    """A family's devices as one DRA driver publishes them, and how an Unhealthy one's
+    reason (DeviceHealth.reason: "xid=79", "lost", "link_down") reads as a taint."""
+
+    driver: str  # gpu.nvidia.com
+    devices: tuple[DraDevice, ...]
+    taint: Callable[[str | None], Taint]
+
+
+def pci_attributes(pci: str, location: PciLocation | None, numa: int | None) -> dict[str, AttributeValue]:
+    """The standard PCI attributes and our switch attribute of a device at `pci`:
+    bus ID, root complex, NUMA node (left out when unknown) and, only where a PCIe switch
+    lies between the device and its root port, that root port."""
+    attributes: dict[str, AttributeValue] = {}
+    if pci:
+        attributes[PCI_BUS_ID] = pci
+    if location is not None:
+        attributes[PCIE_ROOT] = location.host_bridge
+        if len(location.bridges) >= 2:  # root port, then at least a switch's ports
+            attributes[PCIE_SWITCH] = location.bridges[0]
+    if numa is not None and numa >= 0:
+        attributes[NUMA_NODE] = numa
+    return attributes
