@@ -72,6 +72,7 @@ class PluginWatcher:
         self.drivers: dict[str, Registration] = {}
         self.refusals: list[Refusal] = []
         self.deregistrations = 0
+        self.scans = 0
         self._seen: dict[Path, tuple[int, int]] = {}  # socket -> identity handled
         self._serial = 0
         self._change: asyncio.Future[None] | None = None
@@ -110,6 +111,12 @@ class PluginWatcher:
         await self._wait(lambda: len(self.refusals) >= count, within, f"{count} refusals")
         return list(self.refusals)
 
+    async def settled(self, within: float = 10.0) -> None:
+        """Until a scan that began after this call has ended: the watcher has acted on the
+        directory as it is now (for asserting that something did not happen)."""
+        target = self.scans + 2  # the scan under way may have listed the directory before
+        await self._wait(lambda: self.scans >= target, within, "a full scan")
+
     async def _wait(self, condition: Callable[[], bool], within: float, what: str) -> None:
         """Until `condition`; a watcher that crashed raises its error here, at once."""
         try:
@@ -135,6 +142,8 @@ class PluginWatcher:
     async def _run(self) -> None:
         while True:
             await self._scan()
+            self.scans += 1
+            self._changed()
             await asyncio.sleep(self.poll)  # polling interval, not synchronisation
 
     async def _scan(self) -> None:
