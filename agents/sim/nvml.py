@@ -181,7 +181,7 @@ def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool)
         memory_mib=gpu.memory_mib,
         minor=gpu.minor,
         mig_enabled=gpu.mig_enabled,
-        mig_instances=_placed(gpu) if gpu.mig_enabled else (),
+        mig_instances=placed(gpu) if gpu.mig_enabled else (),
         nvlink_peers=peers,
         nvswitch_links=switch_links,
         brand=BRAND,
@@ -195,7 +195,7 @@ def model(name: str) -> tuple[str, str, str, int]:
     return next((m for m in MODELS if m[0] in name), _UNKNOWN_MODEL)
 
 
-def _placed(gpu: GpuSpec) -> tuple[MigInstance, ...]:
+def placed(gpu: GpuSpec) -> tuple[MigInstance, ...]:
     """The node file's MIG instances as NVML describes them: each profile's GPU instance
     profile ID as NVML numbers it, placed in the file's order (each starts where the one
     before it ends), with the engines and memory of its size."""
