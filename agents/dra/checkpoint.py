@@ -42,6 +42,8 @@ class PreparedDevice:
     cdi_ids: tuple[str, ...]
     nodes: tuple[DeviceSpec, ...] = ()
     admin_access: bool = False
+    resource: str = ""  # the family resource that served it, and its ID there: what the
+    device_id: str = ""  # device-plugin API must not hand out while the claim holds it
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ def _claim_data(claim: PreparedClaim) -> dict[str, Any]:
                 "cdiIDs": list(d.cdi_ids),
                 "nodes": [[n.container_path, n.host_path, n.permissions] for n in d.nodes],
                 "adminAccess": d.admin_access,
+                "resource": d.resource,
+                "deviceID": d.device_id,
             }
             for d in claim.devices
         ],
@@ -159,6 +163,8 @@ def _device(data: dict[str, Any]) -> PreparedDevice:
         cdi_ids=_strings(data["cdiIDs"]),
         nodes=tuple(DeviceSpec(*_strings(node)) for node in _list(data["nodes"])),
         admin_access=data["adminAccess"],
+        resource=_str(data.get("resource", "")),
+        device_id=_str(data.get("deviceID", "")),
     )
 
 

@@ -7,12 +7,20 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import structlog
 
-from agents.core.device import ContainerAllocation
+from agents.dra.cdi import CdiDevice, CdiSpecs, cdi_ids
+from agents.dra.checkpoint import (
+    CHECKPOINT,
+    CheckpointError,
+    ClaimCheckpoint,
+    PreparedClaim,
+    PreparedDevice,
+)
 from agents.dra.devices import NO_CONFIG, DraDevice, DraDevices
 from agents.plugin.resource import Resource
 from agents.tasks import off_loop
@@ -60,46 +68,61 @@ class Allocated:
     configs: tuple[OpaqueConfig, ...] = ()
 
 
-@dataclass(frozen=True)
-class PreparedDevice:
-    """What one prepared device gave the claim, all that a repeated prepare answers and
-    a restarted agent writes the CDI spec again from."""
-
-    name: str
-    pool: str
-    requests: tuple[str, ...]
-    admin_access: bool
-    cdi_ids: tuple[str, ...]
-    edits: ContainerAllocation  # device nodes of this device alone
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    claim: ClaimRef
-    devices: tuple[PreparedDevice, ...]
-    env: Mapping[str, str] = field(default_factory=dict)  # of all the driver's results
-
-
 class Store(Protocol):
-    """Where a driver keeps its prepared claims: the checkpoint and the CDI specs.
-    Blocking; called off the event loop."""
+    """Where a driver keeps its prepared claims (by claim UID): the checkpoint and the CDI
+    specs. Blocking; called off the event loop."""
 
     def load(self) -> dict[str, PreparedClaim]: ...
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None: ...
 
-    def write_spec(self, claim: PreparedClaim) -> None: ...
+    def write_spec(self, uid: str, claim: PreparedClaim) -> None: ...
 
     def remove_spec(self, uid: str) -> None: ...
+
+    def specs(self) -> list[str]:
+        """Claim UIDs of the CDI specs present."""
+        ...
 
 
 ReadClaim = Callable[[ClaimRef], Awaitable[Allocated]]  # raises ClaimError
 
 
-def cdi_ids(driver: str, uid: str, device: str) -> tuple[str, str]:
-    """The CDI IDs a prepared device hands the container: its own, and the claim's env."""
-    kind = f"k8s.{driver}/claim"
-    return f"{kind}={uid}-{device}", f"{kind}={uid}-env"
+class ClaimStore:
+    """A driver's checkpoint in `<plugins-dir>/<driver>/` and its specs in the CDI root."""
+
+    def __init__(self, driver: str, plugins_dir: Path, cdi_root: Path) -> None:
+        self.driver = driver
+        self.checkpoint = ClaimCheckpoint(plugins_dir / driver / CHECKPOINT)
+        self.cdi = CdiSpecs(cdi_root)
+
+    def load(self) -> dict[str, PreparedClaim]:
+        try:
+            return self.checkpoint.load()
+        except CheckpointError as exc:
+            log.error(
+                "dra_checkpoint_unusable",
+                driver=self.driver,
+                error=str(exc),
+                effect="starting with no prepared claims",
+            )
+            return {}
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        self.checkpoint.save(claims)
+
+    def write_spec(self, uid: str, claim: PreparedClaim) -> None:
+        self.cdi.write(self.driver, uid, _cdi_devices(claim), claim.env)
+
+    def remove_spec(self, uid: str) -> None:
+        self.cdi.remove(self.driver, uid)
+
+    def specs(self) -> list[str]:
+        return [uid for _, uid in self.cdi.written(self.driver)]
+
+
+def _cdi_devices(claim: PreparedClaim) -> list[CdiDevice]:
+    return [CdiDevice(d.device, d.nodes) for d in claim.devices]
 
 
 class Driver:
@@ -142,8 +165,8 @@ class Driver:
     def held(self) -> dict[str, ClaimRef]:
         """Device name -> the claim that holds it exclusively."""
         return {
-            d.name: claim.claim
-            for claim in self.prepared.values()
+            d.device: ClaimRef(claim.namespace, uid, claim.name)
+            for uid, claim in self.prepared.items()
             for d in claim.devices
             if not d.admin_access
         }
@@ -152,8 +175,12 @@ class Driver:
         """Take up the claims of the checkpoint and write their CDI specs again (the CDI
         root is a tmpfs that a reboot empties)."""
         self.prepared = await off_loop(self._store.load, f"{self.name}-checkpoint")
-        for claim in self.prepared.values():
-            await off_loop(functools.partial(self._store.write_spec, claim), f"{self.name}-cdi")
+        for uid, claim in self.prepared.items():
+            write = functools.partial(self._store.write_spec, uid, claim)
+            await off_loop(write, f"{self.name}-cdi")
+        for uid in await off_loop(self._store.specs, f"{self.name}-cdi"):
+            if uid not in self.prepared:  # written, but never checkpointed: not prepared
+                await off_loop(functools.partial(self._store.remove_spec, uid), f"{self.name}-cdi")
         if self.prepared:
             log.info("dra_claims_restored", driver=self.name, claims=len(self.prepared))
 
@@ -197,7 +224,8 @@ class Driver:
             claims = {**self.prepared, claim.uid: prepared}
             await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
             try:
-                await off_loop(lambda: self._store.write_spec(prepared), f"{self.name}-cdi")
+                write = functools.partial(self._store.write_spec, claim.uid, prepared)
+                await off_loop(write, f"{self.name}-cdi")
             except BaseException:
                 await off_loop(lambda: self._store.save(self.prepared), f"{self.name}-checkpoint")
                 raise
@@ -206,7 +234,7 @@ class Driver:
             "dra_claim_prepared",
             driver=self.name,
             claim=str(claim),
-            devices=[d.name for d in prepared.devices],
+            devices=[d.device for d in prepared.devices],
         )
         return prepared
 
@@ -245,27 +273,31 @@ class Driver:
         by_device: dict[str, list[Result]] = {}
         for result in results:
             by_device.setdefault(result.device, []).append(result)
-        prepared: list[PreparedDevice] = []
+        unique = list(dict.fromkeys(devices))
         env: dict[str, str] = {}
         by_resource: dict[str, list[str]] = {}
-        for device in dict.fromkeys(devices):
+        for device in unique:
             by_resource.setdefault(device.resource, []).append(device.device_id)
         for resource, ids in by_resource.items():
             env = merge_env(env, self._resources[resource].allocate(ids).envs)
-        for device in dict.fromkeys(devices):
-            alone = self._resources[device.resource].allocate([device.device_id])
-            held_by = by_device[device.name]
-            prepared.append(
-                PreparedDevice(
-                    name=device.name,
-                    pool=self.pool,
-                    requests=tuple(dict.fromkeys(r.request for r in held_by)),
-                    admin_access=all(r.admin_access for r in held_by),
-                    cdi_ids=cdi_ids(self.name, claim.uid, device.name),
-                    edits=ContainerAllocation(devices=alone.devices, mounts=alone.mounts),
-                )
+        nodes = {
+            d.name: self._resources[d.resource].allocate([d.device_id]).devices for d in unique
+        }
+        cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
+        prepared = tuple(
+            PreparedDevice(
+                device=device.name,
+                requests=tuple(dict.fromkeys(r.request for r in by_device[device.name])),
+                pool=self.pool,
+                cdi_ids=cdi[device.name],
+                nodes=nodes[device.name],
+                admin_access=all(r.admin_access for r in by_device[device.name]),
+                resource=device.resource,
+                device_id=device.device_id,
             )
-        return PreparedClaim(claim, tuple(prepared), env)
+            for device in unique
+        )
+        return PreparedClaim(claim.namespace, claim.name, prepared, env)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
         out: dict[str, ClaimError | None] = {}
@@ -287,7 +319,8 @@ class Driver:
                 self.prepared = claims
             await off_loop(lambda: self._store.remove_spec(uid), f"{self.name}-cdi")
         if known is not None:
-            log.info("dra_claim_unprepared", driver=self.name, claim=str(known.claim))
+            ref = ClaimRef(known.namespace, uid, known.name)
+            log.info("dra_claim_unprepared", driver=self.name, claim=str(ref))
 
 
 def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:

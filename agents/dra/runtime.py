@@ -265,12 +265,13 @@ class DraRuntime:
                 if prepared is None:
                     pending.discard((name, uid))
                     continue
-                gone = await self._claims.gone(prepared.claim)
+                claim = ClaimRef(prepared.namespace, uid, prepared.name)
+                gone = await self._claims.gone(claim)
                 if gone is None:
                     continue
                 pending.discard((name, uid))
                 if gone:
-                    log.info("dra_stale_claim_freed", driver=name, claim=str(prepared.claim))
+                    log.info("dra_stale_claim_freed", driver=name, claim=str(claim))
                     await driver.forget(uid)
             if pending:
                 await asyncio.sleep(STALE_RETRY_S)

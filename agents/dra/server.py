@@ -23,7 +23,8 @@ from agents.api import dra_v1beta1_pb2 as v1beta1
 from agents.api import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
-from agents.dra.driver import ClaimError, ClaimRef, Driver, PreparedClaim
+from agents.dra.checkpoint import PreparedClaim
+from agents.dra.driver import ClaimError, ClaimRef, Driver
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -199,7 +200,7 @@ class _Plugin:
                 pb.Device(
                     request_names=list(d.requests),
                     pool_name=d.pool,
-                    device_name=d.name,
+                    device_name=d.device,
                     cdi_device_ids=list(d.cdi_ids),
                 )
                 for d in outcome.devices

@@ -141,3 +141,20 @@ def taint(reason: str | None) -> Taint:
         return Taint(LOST_TAINT)
     value = _NOT_LABEL.sub("-", why.replace(": ", "-")).strip("-._")[:63].strip("-._")
     return Taint(UNHEALTHY_TAINT, value or "unknown")
+
+
+SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
+
+
+def accepts(parameters: Mapping[str, object]) -> str | None:
+    """An opaque claim config of this driver: a GPU or MIG device config that asks for
+    time-slicing (or for no sharing at all) is taken, as claims share devices by claim
+    anyway; any other kind or strategy is refused (None: taken)."""
+    kind = parameters.get("kind")
+    if kind not in SHARING_KINDS:
+        return f"kind {kind!r} is not one of {', '.join(SHARING_KINDS)}"
+    sharing = parameters.get("sharing")
+    strategy = sharing.get("strategy") if isinstance(sharing, Mapping) else "TimeSlicing"
+    if sharing is not None and strategy != "TimeSlicing":
+        return f"sharing strategy {strategy!r}: only TimeSlicing is served"
+    return None

@@ -164,7 +164,8 @@ class GpuFamily:
             for u in r.plan.units
             if u.gpu_uuid not in self._gone
         ]
-        return DraDevices(dra.DRIVER, dra.devices(self.gpus, served, self._driver), dra.taint)
+        found = dra.devices(self.gpus, served, self._driver)
+        return DraDevices(dra.DRIVER, found, dra.taint, dra.accepts)
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, GpuFamily):
