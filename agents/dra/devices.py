@@ -56,7 +56,9 @@ class DraDevices:
     taint: Callable[[str | None], Taint]
 
 
-def pci_attributes(pci: str, location: PciLocation | None, numa: int | None) -> dict[str, AttributeValue]:
+def pci_attributes(
+    pci: str, location: PciLocation | None, numa: int | None
+) -> dict[str, AttributeValue]:
     """The standard PCI attributes and our switch attribute of a device at `pci`:
     bus ID, root complex, NUMA node (left out when unknown) and, only where a PCIe switch
     lies between the device and its root port, that root port."""
