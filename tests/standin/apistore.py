@@ -334,9 +334,11 @@ class Store:
         stored = copy.deepcopy(obj)
         stored.setdefault("metadata", {})
         stored.setdefault("spec", {})
-        if not self.device_taints:
-            for device in stored["spec"].get("devices") or []:
+        for device in stored["spec"].get("devices") or []:
+            if not self.device_taints:
                 device.pop("taints", None)
+            for taint in device.get("taints") or []:
+                taint.setdefault("timeAdded", "2025-01-01T00:00:00Z")  # its default
         return stored
 
     def node_list(self) -> Obj:
