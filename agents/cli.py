@@ -23,7 +23,7 @@ from agents.tasks import cause, until
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.daemon import Agent, HealthReporter
+    from agents.daemon import Agent, DraMaker, HealthReporter
     from agents.family import FamilyKind
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -281,6 +281,7 @@ async def _serve(
         else contextlib.nullcontext(real_backends())
     )
     reporter = await _cluster_reporter(opts)
+    dra = await _dra(opts) if opts.api == "dra" else None
     async with backends_cm as backends:
         agent = Agent(
             config,
@@ -292,6 +293,7 @@ async def _serve(
             nfd_features_file=opts.nfd_features_file,
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
+            dra=dra,
         )
         # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
         # initialisation holds up neither the signal nor the exit.
@@ -315,6 +317,24 @@ async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> N
             group.create_task(_reload_on(hup, agent, path))
     except BaseExceptionGroup as failed:
         raise cause(failed) from None
+
+
+async def _dra(opts: argparse.Namespace) -> DraMaker:
+    """DRA mode's runtime maker (SPEC §10); ConfigError without a node name or API server."""
+    from agents.dra.runtime import DraSettings
+    from agents.dra.wiring import dra_maker
+
+    def settings(node: str) -> DraSettings:
+        return DraSettings(
+            node=node,
+            plugins_dir=opts.kubelet_plugins_dir,
+            registry_dir=opts.kubelet_registry_dir,
+            cdi_root=opts.cdi_root,
+            device_plugin_dir=opts.device_plugin_dir,
+            device_taints=opts.dra_device_taints,
+        )
+
+    return await dra_maker(settings, opts.kubeconfig, opts.node_name, os.environ)
 
 
 async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:

@@ -21,15 +21,12 @@ from agents.dra.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
+from agents.dra.claims import AllocationResult, Claim, ClaimError
 from agents.dra.devices import NO_CONFIG, DraDevice, DraDevices
 from agents.plugin.resource import Resource
 from agents.tasks import off_loop
 
 log = structlog.get_logger(__name__)
-
-
-class ClaimError(Exception):
-    """Why one claim cannot be prepared: its per-claim error, said to the kubelet."""
 
 
 @dataclass(frozen=True)
@@ -40,32 +37,6 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
-
-
-@dataclass(frozen=True)
-class Result:
-    """One allocation result of a claim, as the API server holds it."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-
-
-@dataclass(frozen=True)
-class OpaqueConfig:
-    driver: str
-    parameters: Mapping[str, object]
-    requests: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Allocated:
-    """A claim as read from the API server: its results and opaque configs."""
-
-    results: tuple[Result, ...]
-    configs: tuple[OpaqueConfig, ...] = ()
 
 
 class Store(Protocol):
@@ -85,7 +56,7 @@ class Store(Protocol):
         ...
 
 
-ReadClaim = Callable[[ClaimRef], Awaitable[Allocated]]  # raises ClaimError
+ReadClaim = Callable[[ClaimRef], Awaitable[Claim]]  # raises ClaimError
 
 
 class ClaimStore:
@@ -205,15 +176,15 @@ class Driver:
                 )
         return out
 
-    async def _read(self, claim: ClaimRef) -> Allocated | ClaimError:
-        if claim.uid in self.prepared:
-            return Allocated(())  # answered from the checkpoint: no API request
+    async def _read(self, claim: ClaimRef) -> Claim | ClaimError:
+        if claim.uid in self.prepared:  # answered from the checkpoint: no API request
+            return Claim(claim.namespace, claim.name, claim.uid, (), ())
         try:
             return await self._read_claim(claim)
         except ClaimError as exc:
             return exc
 
-    async def _prepare(self, claim: ClaimRef, allocated: Allocated) -> PreparedClaim:
+    async def _prepare(self, claim: ClaimRef, allocated: Claim) -> PreparedClaim:
         async with self._lock:
             if (done := self.prepared.get(claim.uid)) is not None:
                 return done  # idempotent: the kubelet retries and restarts
@@ -238,19 +209,20 @@ class Driver:
         )
         return prepared
 
-    def _check_configs(self, allocated: Allocated, mine: Sequence[Result]) -> None:
+    def _check_configs(self, allocated: Claim, mine: Sequence[AllocationResult]) -> None:
         requests = {r.request for r in mine}
-        for config in allocated.configs:
+        for config in allocated.config:
             if config.driver != self.name:
                 continue
             if config.requests and not requests.intersection(config.requests):
                 continue
-            why = self._accepts(config.parameters)
+            parameters = config.parameters if isinstance(config.parameters, Mapping) else {}
+            why = self._accepts(parameters)
             if why is not None:
                 raise ClaimError(f"opaque config for {self.name}: {why}")
-            log.info("dra_config_accepted", driver=self.name, parameters=dict(config.parameters))
+            log.info("dra_config_accepted", driver=self.name, parameters=parameters)
 
-    def _checked(self, claim: ClaimRef, result: Result) -> DraDevice:
+    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DraDevice:
         if result.pool != self.pool:
             raise ClaimError(f"device {result.device}: pool {result.pool!r} is not this node's")
         device = self._devices.get(result.device)
@@ -268,9 +240,9 @@ class Driver:
         return device
 
     def _prepared(
-        self, claim: ClaimRef, results: Sequence[Result], devices: Sequence[DraDevice]
+        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DraDevice]
     ) -> PreparedClaim:
-        by_device: dict[str, list[Result]] = {}
+        by_device: dict[str, list[AllocationResult]] = {}
         for result in results:
             by_device.setdefault(result.device, []).append(result)
         unique = list(dict.fromkeys(devices))

@@ -6,6 +6,7 @@ device-plugin holdings change, and its prepared claims across restarts."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,9 @@ from typing import Protocol
 import structlog
 
 from agents.core.node_report import DeviceHealth, cause
-from agents.dra.devices import DraDevice, DraDevices, Taint
-from agents.dra.driver import ClaimRef, Driver, ReadClaim, Store
+from agents.dra.claims import Claim
+from agents.dra.devices import DraDevices
+from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
 from agents.family import Family
 from agents.plugin.kubelet_facts import CheckpointFile
@@ -38,18 +40,11 @@ class DraSettings:
     device_taints: bool = False
 
 
-@dataclass(frozen=True)
-class Published:
-    """A device as its slice shows it: left out (None), or with a taint or none."""
-
-    device: DraDevice
-    taint: Taint | None
-
-
 class Slices(Protocol):
-    """Publishes each driver's devices; `set` returns at once, `run` does the requests."""
+    """Publishes each driver's devices, the Unhealthy ones (by name, with their reasons)
+    left out or tainted; `set` returns at once, `run` does the requests."""
 
-    def set(self, driver: str, devices: Sequence[Published]) -> None: ...
+    def set(self, devices: DraDevices, unhealthy: Mapping[str, str | None]) -> None: ...
 
     async def run(self) -> None: ...
 
@@ -58,11 +53,15 @@ class Claims(Protocol):
     """The API server's ResourceClaims, for prepare (one GET) and for the claims of the
     checkpoint whose pods may have gone while the agent was away."""
 
-    read: ReadClaim
+    async def read(self, claim: ClaimRef) -> Claim:
+        """The claim, allocated; ClaimError otherwise."""
+        ...
 
     async def gone(self, claim: ClaimRef) -> bool | None:
         """True: no claim of that name and UID; None: the API server did not answer."""
         ...
+
+    async def aclose(self) -> None: ...
 
 
 StoreFactory = Callable[[str], Store]  # a driver's checkpoint and CDI specs, by driver
@@ -146,6 +145,7 @@ class DraRuntime:
             for server in self.servers.values():
                 await server.stop()
             self._checkpoint.close()
+            await self._claims.aclose()
 
     def _refresh(self) -> None:
         """Tell each driver what it serves now, and the slices what they show."""
@@ -156,28 +156,27 @@ class DraRuntime:
                 continue  # not started yet
             resources = {r.name: r for r in family.resources()}
             driver.publish(devices, resources)
-            self._slices.set(devices.driver, self._published(family, devices, resources))
+            self._slices.set(*self._published(family, devices, resources))
         self._health_changed.set()
         self._health_changed = asyncio.Event()
 
     def _published(
         self, family: Family, devices: DraDevices, resources: Mapping[str, Resource]
-    ) -> list[Published]:
+    ) -> tuple[DraDevices, dict[str, str | None]]:
+        """The devices to publish (not those running pods hold through the device-plugin
+        API) and the Unhealthy ones among them, with their reasons."""
         reasons = {(h.resource, h.device_id): h.reason for h in family.device_health()}
-        out = []
+        shown, unhealthy = [], {}
         for device in devices.devices:
             key = (device.resource, device.device_id)
-            if key in self._held_by_pods:
-                continue  # a running pod has it through the device-plugin API
             resource = resources.get(device.resource)
             found = resource.inventory.get(device.device_id) if resource is not None else None
-            if found is None:
+            if found is None or key in self._held_by_pods:
                 continue
-            if found.healthy:
-                out.append(Published(device, None))
-            elif self.settings.device_taints:
-                out.append(Published(device, devices.taint(reasons.get(key))))
-        return out
+            shown.append(device)
+            if not found.healthy:
+                unhealthy[device.name] = reasons.get(key)
+        return dataclasses.replace(devices, devices=tuple(shown)), unhealthy
 
     def _health_of(self, driver: str) -> list[tuple[str, bool, str]]:
         """(device, healthy, why) of each of the driver's devices, for DRAResourceHealth."""

@@ -24,7 +24,8 @@ from agents.api import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
 from agents.dra.checkpoint import PreparedClaim
-from agents.dra.driver import ClaimError, ClaimRef, Driver
+from agents.dra.claims import ClaimError
+from agents.dra.driver import ClaimRef, Driver
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
