@@ -167,6 +167,9 @@ class Driver:
                 out[claim.uid] = await self._prepare(claim, read)
             except ClaimError as exc:
                 out[claim.uid] = exc
+            except Exception as exc:  # a bug, or the disk: this claim fails, not the call
+                log.exception("dra_prepare_failed", driver=self.name, claim=str(claim))
+                out[claim.uid] = ClaimError(f"prepare failed: {exc}")
             if isinstance(out[claim.uid], ClaimError):
                 log.warning(
                     "dra_prepare_refused",
@@ -245,7 +248,7 @@ class Driver:
         by_device: dict[str, list[AllocationResult]] = {}
         for result in results:
             by_device.setdefault(result.device, []).append(result)
-        unique = list(dict.fromkeys(devices))
+        unique = list({d.name: d for d in devices}.values())
         env: dict[str, str] = {}
         by_resource: dict[str, list[str]] = {}
         for device in unique:
