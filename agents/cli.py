@@ -331,6 +331,7 @@ async def _dra(opts: argparse.Namespace) -> DraMaker:
             registry_dir=opts.kubelet_registry_dir,
             cdi_root=opts.cdi_root,
             device_plugin_dir=opts.device_plugin_dir,
+            pod_resources_socket=opts.pod_resources_socket,
             device_taints=opts.dra_device_taints,
         )
 

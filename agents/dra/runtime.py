@@ -20,13 +20,14 @@ from agents.dra.devices import DraDevices
 from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
 from agents.family import Family
-from agents.plugin.kubelet_facts import CheckpointFile
+from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.plugin.resource import Resource
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
 SOCKET_CHECK_S = 2.0  # how often our sockets are looked for (someone may remove them)
+HELD_POLL_S = 5.0  # while running pods hold devices through device plugins: asked again
 STALE_RETRY_S = 30.0  # checkpointed claims of an unreachable API server: asked again
 
 
@@ -37,6 +38,7 @@ class DraSettings:
     registry_dir: Path
     cdi_root: Path
     device_plugin_dir: Path  # the kubelet's device-plugin checkpoint: what pods hold there
+    pod_resources_socket: Path | None = None  # the kubelet's answer to the same, if it has one
     device_taints: bool = False
 
 
@@ -86,6 +88,7 @@ class DraRuntime:
         self.drivers: dict[str, Driver] = {}
         self.servers: dict[str, DriverServer] = {}
         self._checkpoint = CheckpointFile(settings.device_plugin_dir)
+        self._pod_resources = PodResources(settings.pod_resources_socket)
         self._held_by_pods: frozenset[tuple[str, str]] = frozenset()
         self._health_changed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -107,7 +110,7 @@ class DraRuntime:
 
     async def start(self) -> None:
         """Restore each driver's claims, then serve its sockets and publish its devices."""
-        self._read_device_plugin_checkpoint()
+        await self._read_device_plugin_holdings()
         for family in self._families():
             name = family.dra().driver
             driver = Driver(
@@ -138,13 +141,13 @@ class DraRuntime:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._slices.run())
                 group.create_task(self._follow_devices())
-                group.create_task(self._follow_device_plugin_checkpoint())
+                group.create_task(self._follow_device_plugin_holdings())
                 group.create_task(self._keep_sockets())
                 group.create_task(self._free_stale_claims())
         finally:
             for server in self.servers.values():
                 await server.stop()
-            self._checkpoint.close()
+            await self._pod_resources.close()
             await self._claims.aclose()
 
     def _refresh(self) -> None:
@@ -213,35 +216,40 @@ class DraRuntime:
             )
             self._refresh()
 
-    def _read_device_plugin_checkpoint(self) -> None:
-        checkpoint = self._checkpoint.read()
+    async def _read_device_plugin_holdings(self) -> None:
+        """What running pods hold through the device-plugin API: the kubelet's pod-resources
+        answer (a deleted pod leaves it at once), else its checkpoint, which keeps the
+        entries of ended pods until the next device admission: held for longer, never
+        handed out twice."""
+        ours = [r.name for f in self._families() for r in f.resources()]
         held: set[tuple[str, str]] = set()
-        if checkpoint is not None:
-            for family in self._families():
-                for resource in family.resources():
-                    held.update((resource.name, d) for d in checkpoint.held(resource.name))
+        listing = await self._pod_resources.list()
+        if listing is not None:
+            for by_resource in listing.values():
+                held.update((r, d) for r in ours for d in by_resource.get(r, ()))
+        else:
+            checkpoint = self._checkpoint.read()
+            if checkpoint is not None:
+                held.update((r, d) for r in ours for d in checkpoint.held(r))
         if held != self._held_by_pods:
             log.info(
                 "dra_devices_held_by_device_plugin_pods",
                 devices=sorted(f"{r}:{d}" for r, d in held),
+                source="pod-resources" if listing is not None else "checkpoint",
                 effect="left out of the ResourceSlices until those pods end",
             )
         self._held_by_pods = frozenset(held)
 
-    async def _follow_device_plugin_checkpoint(self) -> None:
-        """Devices given to pods through the device-plugin API come back as those end."""
-        try:
-            self._checkpoint.changes()  # the watch, from now on
-        except OSError as exc:
-            log.info("dra_device_plugin_checkpoint_unwatched", reason=str(exc))
-            return
-        while True:
-            if await self._checkpoint.next_change() is None:
-                continue
+    async def _follow_device_plugin_holdings(self) -> None:
+        """Devices given to pods through the device-plugin API come back as those pods
+        end. Nothing new is handed out that way in this mode: once none is held, done."""
+        while self._held_by_pods:
+            await asyncio.sleep(HELD_POLL_S)
             before = self._held_by_pods
-            self._read_device_plugin_checkpoint()
+            await self._read_device_plugin_holdings()
             if self._held_by_pods != before:
                 self._refresh()
+        await self._pod_resources.close()
 
     async def _keep_sockets(self) -> None:
         """Serve again on fresh sockets when ours were removed (the kubelet's plugin

@@ -66,6 +66,8 @@ class DraNode:
             str(self.cdi),
             "--device-plugin-dir",
             str(self.device_plugins),
+            "--pod-resources-socket",
+            str(self.root / "pod-resources.sock"),
             *more,
         ]
 

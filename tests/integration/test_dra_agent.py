@@ -15,18 +15,22 @@ from typing import Any
 
 from agents.api import dra_health_pb2
 from agents.core.xid import HOLD_S
+from agents.dra.runtime import HELD_POLL_S
+from agents.standin.admission import AllocatedContainer, PodAllocation
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointEntry,
     checkpoint_data,
     write_checkpoint,
 )
+from agents.standin.podresources import PodResourcesServer
 from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node, ref
 
 __all__ = ["dra_node"]
 
 FAULT_OUT_WITHIN = 3.0  # SPEC 10: an Unhealthy device leaves its slice within 3 s
 CLAIM_GETS = "get", "resourceclaims"
+RESOURCE = "nvidia.com/gpu"
 
 
 def pairs(node: DraNode) -> dict[str, str]:
@@ -234,8 +238,11 @@ async def test_a_restart_keeps_prepared_claims_rewrites_their_specs_and_frees_go
     for spec in dra_node.cdi.iterdir():  # a reboot: the CDI root is a tmpfs
         spec.unlink()
     del dra_node.server.store.claims["ns", "c-gone"]  # its pod ended while we were away
+    before = dra_node.server.count(*CLAIM_GETS)
 
     await dra_node.start(node_file)
+    # At start each checkpointed claim is looked up once: "gone" is, "kept" is still there.
+    await dra_node.wait(lambda: dra_node.server.count(*CLAIM_GETS) == before + 2)
     await dra_node.wait(lambda: dra_node.spec(GPU, "kept") is not None)
     await dra_node.wait(lambda: dra_node.spec(GPU, "gone") is None)
     gets = dra_node.server.count(*CLAIM_GETS)
@@ -260,21 +267,41 @@ async def test_a_restart_keeps_prepared_claims_rewrites_their_specs_and_frees_go
 async def test_devices_running_pods_hold_through_device_plugins_stay_out_until_they_end(
     dra_node: DraNode, node_file: Path, node_doc: dict[str, Any]
 ) -> None:
+    held = node_doc["gpus"][5]["uuid"]
+    running = [PodAllocation("old-pod", {"main": AllocatedContainer("main", {RESOURCE: [held]})})]
+    lister = PodResourcesServer(dra_node.root / "pod-resources.sock", lambda: running)
+    await lister.start()
+    try:
+        dra_node.start_agent(dra_node.args(node_file))
+        await dra_node.watcher.registered(GPU, WAIT)
+        await dra_node.wait(lambda: len(dra_node.devices(GPU)) == 7)
+        assert "gpu-5" not in dra_node.devices(GPU)
+        dra_node.claim("early", [("gpu", GPU, "gpu-5")])
+        answer = await dra_node.kubelet.prepare(GPU, [ref("early")])
+        assert "device-plugin" in answer.claims["early"].error
+        running.clear()  # the pod is deleted
+        await dra_node.wait(lambda: "gpu-5" in dra_node.devices(GPU), WAIT + HELD_POLL_S)
+        answer = await dra_node.kubelet.prepare(GPU, [ref("early")])
+        assert answer.claims["early"].error == ""
+    finally:
+        await lister.stop()
+
+
+async def test_without_pod_resources_the_kubelet_checkpoint_keeps_held_devices_out(
+    dra_node: DraNode, node_file: Path, node_doc: dict[str, Any]
+) -> None:
+    """The checkpoint keeps ended pods' entries until the next device admission: a device
+    in it stays out (longer than needed, never handed out twice)."""
     dra_node.device_plugins.mkdir()
     held = node_doc["gpus"][5]["uuid"]
-    checkpoint = dra_node.device_plugins / CHECKPOINT_NAME
-    entry = CheckpointEntry("old-pod", "main", "nvidia.com/gpu", {0: [held]}, b"")
-    write_checkpoint(checkpoint, checkpoint_data([entry], {"nvidia.com/gpu": [held]}))
-    agent = dra_node.start_agent(dra_node.args(node_file))
-    await dra_node.watcher.registered(GPU, WAIT)
-    await dra_node.wait(lambda: len(dra_node.devices(GPU)) == 7)
-    assert "gpu-5" not in dra_node.devices(GPU)
-    dra_node.claim("early", [("gpu", GPU, "gpu-5")])
-    answer = await dra_node.kubelet.prepare(GPU, [ref("early")])
-    assert "device-plugin" in answer.claims["early"].error
-    write_checkpoint(checkpoint, checkpoint_data([], {"nvidia.com/gpu": [held]}))  # pod ended
-    await dra_node.wait(lambda: "gpu-5" in dra_node.devices(GPU))
-    assert agent.alive()
+    entry = CheckpointEntry("old-pod", "main", RESOURCE, {0: [held]}, b"")
+    write_checkpoint(
+        dra_node.device_plugins / CHECKPOINT_NAME, checkpoint_data([entry], {RESOURCE: [held]})
+    )
+    await dra_node.start(node_file)
+    assert sorted(dra_node.devices(GPU)) == sorted(
+        f"gpu-{g['minor']}" for g in node_doc["gpus"] if g["uuid"] != held
+    )
 
 
 async def test_dra_mode_without_a_node_name_is_a_usage_error(
