@@ -168,9 +168,13 @@ async def _starts(
         agent = bench.agent()
         bench.reports_mark = len(bench.server.store.statuses)
         agent.start()
-        ms.append((await published.wait() - agent.started_at) * 1000)
-        for driver in counts:
-            await bench.watcher.registered(driver, WITHIN_S, after=serials.get(driver, 0))
+        try:
+            ms.append((await published.wait() - agent.started_at) * 1000)
+            for driver in counts:
+                await bench.watcher.registered(driver, WITHIN_S, after=serials.get(driver, 0))
+        except BaseException:
+            agent.stop()
+            raise
         if run < runs - 1:
             code = agent.stop()
             if code != 0:
