@@ -19,6 +19,7 @@ from agents.sim.bundled import DEMO_NODE, bundled_node
 from hack.benchlib import (
     apiserver,
     busy,
+    dra,
     faults,
     idle_nvml,
     latency,
@@ -65,6 +66,16 @@ def latency_figures(root: Path, n: int) -> list[Figure]:
     return figures
 
 
+async def dra_run(work: Path, quick: bool, rest_s: float) -> list[Figure]:
+    return await dra.dra_figures(
+        work,
+        claims=50 if quick else 200,
+        starts=3 if quick else 5,
+        faults=3 if quick else 5,
+        rest_s=rest_s,
+    )
+
+
 def run(
     quick: bool,
     progress: Callable[[str], None],
@@ -72,6 +83,7 @@ def run(
     idle_s: float | None = None,
 ) -> list[Figure]:
     figures: list[Figure] = []
+    rest_s = idle_s if idle_s is not None else 10.0 if quick else 60.0
     idle_s = idle_s if idle_s is not None else 5.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         root = Path(tmp)
@@ -84,6 +96,9 @@ def run(
         if only == "apiserver":
             progress("the API server reachable, refused, never answering")
             return apiserver.apiserver_figures(root, 300 if quick else 2000, 5 if quick else 16)
+        if only == "dra":
+            progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
+            return asyncio.run(dra_run(root, quick, rest_s))
 
         def fresh(name: str) -> Path:
             path = root / name
@@ -105,6 +120,8 @@ def run(
         figures += nvml_hang.nvml_hang(fresh("nvml-hang"), 300 if quick else 1000)
         progress("the API server reachable, refused, never answering")
         figures += apiserver.apiserver_figures(fresh("apiserver"), 300 if quick else 2000, rounds)
+        progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
+        figures += asyncio.run(dra_run(fresh("dra"), quick, rest_s))
         progress("pairing")
         figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
         figures.append(pairing.choice_optimality(300 if quick else 3000))
@@ -117,15 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml"],
+        choices=["busy", "apiserver", "idle-nvml", "dra"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
-        "idle-nvml: CPU and threads of an idle agent on the real NVML backend)",
+        "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
+        "dra: `--api dra` on the bundled node: start -> slices, prepare/unprepare, "
+        "XID -> out of the slice, RSS and API requests at rest)",
     )
     parser.add_argument(
         "--idle-s",
         type=float,
-        help="the idle window in seconds (default 30, 5 with --quick); an hour: 3600",
+        help="the idle window in seconds (default 30, 5 with --quick; DRA's window at rest "
+        "60, 10 with --quick); an hour: 3600",
     )
     args = parser.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
