@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -79,12 +79,16 @@ class DraRuntime:
         slices: Slices,
         claims: Claims,
         stores: StoreFactory,
+        *,
+        clear_capacity: Callable[[Collection[str]], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self.settings = settings
         self._families = families
         self._slices = slices
         self._claims = claims
         self._stores = stores
+        # Removes the zeros device plugins of these name prefixes left in the Node's status.
+        self._clear_capacity = clear_capacity
         self.drivers: dict[str, Driver] = {}
         self.servers: dict[str, DriverServer] = {}
         self._checkpoint = CheckpointFile(settings.device_plugin_dir)
@@ -144,11 +148,17 @@ class DraRuntime:
                 group.create_task(self._follow_device_plugin_holdings())
                 group.create_task(self._keep_sockets())
                 group.create_task(self._free_stale_claims())
+                if self._clear_capacity is not None:
+                    prefixes = {r.name.partition("/")[0] + "/" for r in self._resources()}
+                    group.create_task(self._clear_capacity(sorted(prefixes)))
         finally:
             for server in self.servers.values():
                 await server.stop()
             await self._pod_resources.close()
             await self._claims.aclose()
+
+    def _resources(self) -> list[Resource]:
+        return [r for f in self._families() for r in f.resources()]
 
     def _refresh(self) -> None:
         """Tell each driver what it serves now, and the slices what they show."""

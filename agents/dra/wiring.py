@@ -5,6 +5,7 @@ of prepare, and each driver's checkpoint and CDI specs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import structlog
 from agents.cluster import NODE_NAME_ENV
 from agents.cluster.access import Access, from_kubeconfig, in_cluster
 from agents.cluster.client import ApiClient
+from agents.dra.capacity import clear_stale_zeros
 from agents.dra.claims import (
     Claim,
     ClaimError,
@@ -36,17 +38,17 @@ class ApiClaims:
     """The claims prepare reads: one GET each, within CLAIM_DEADLINE_S."""
 
     def __init__(self, client: ApiClient, deadline_s: float = CLAIM_DEADLINE_S) -> None:
-        self._client = client
+        self.client = client
         self._deadline_s = deadline_s
 
     async def read(self, claim: ClaimRef) -> Claim:
         return await get_claim(
-            self._client, claim.namespace, claim.name, claim.uid, self._deadline_s
+            self.client, claim.namespace, claim.name, claim.uid, self._deadline_s
         )
 
     async def gone(self, claim: ClaimRef) -> bool | None:
         try:
-            await get_claim(self._client, claim.namespace, claim.name, claim.uid, self._deadline_s)
+            await get_claim(self.client, claim.namespace, claim.name, claim.uid, self._deadline_s)
         except (ClaimNotFoundError, ClaimUidMismatchError):
             return True
         except ClaimNotAllocatedError:
@@ -56,7 +58,7 @@ class ApiClaims:
         return False
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.client.aclose()
 
 
 async def dra_maker(
@@ -87,6 +89,7 @@ async def dra_maker(
             publisher,
             claims,
             lambda driver: ClaimStore(driver, settings.plugins_dir, settings.cdi_root),
+            clear_capacity=functools.partial(clear_stale_zeros, claims.client, node),
         )
 
     return make

@@ -311,3 +311,20 @@ async def test_dra_mode_without_a_node_name_is_a_usage_error(
     agent = dra_node.start_agent(args)
     assert agent.process.wait(WAIT) == 2
     assert "--node-name" in agent.stderr
+
+
+async def test_zeros_a_device_plugin_left_in_the_node_status_are_removed(
+    dra_node: DraNode, node_file: Path
+) -> None:
+    """The kubelet keeps a gone plugin's resource at 0 for good; the scheduler then never
+    serves `nvidia.com/gpu: 1` through the DeviceClass's extendedResourceName."""
+    status = dra_node.server.store.nodes[NODE]["status"]
+    left = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "0", "rdma/roce": "0"}
+    other = {"cpu": "2", "example.com/fpga": "0", "nvidia.com/gpu.shared": "4"}
+    status["capacity"] = {**left, **other}
+    status["allocatable"] = {**left, **other}
+    await dra_node.start(node_file)
+    node = dra_node.server.store.nodes[NODE]
+    await dra_node.wait(lambda: "nvidia.com/gpu" not in node["status"].get("capacity", {}))
+    for table in ("capacity", "allocatable"):
+        assert dra_node.server.store.nodes[NODE]["status"][table] == other

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from tests.standin.apistore import Match, Obj, StatusError, Store, everything
+from tests.standin.apistore import JSON_PATCH, Match, Obj, StatusError, Store, everything
 
 UP, REFUSE, HANG = "up", "refuse", "hang"
 NODES_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+)(/status)?)?$")
@@ -207,7 +207,12 @@ class ApiServer:
     def _answer(self, request: Request) -> tuple[int, Obj]:
         try:
             self._injected(request.method)
-            if not isinstance(request.body, dict) and request.method in ("POST", "PATCH"):
+            json_patch = request.content_type == JSON_PATCH and isinstance(request.body, list)
+            if (
+                not isinstance(request.body, dict)
+                and request.method in ("POST", "PATCH")
+                and not json_patch
+            ):
                 raise StatusError(400, "BadRequest", "the body is no JSON object")
             if request.path.startswith("/apis/"):
                 return self._resources(request)
@@ -229,7 +234,8 @@ class ApiServer:
             if method == "GET":
                 return 200, self.store.node(name) if name else self.store.node_list()
             if method == "PATCH" and name and status:
-                return 200, self.store.patch_node_status(name, patch, request.content_type)
+                body = request.body if request.content_type == JSON_PATCH else patch
+                return 200, self.store.patch_node_status(name, body, request.content_type)
         elif m := EVENTS_PATH.match(path):
             namespace, name = m.group(1), m.group(2)
             if method == "GET" and name is None:

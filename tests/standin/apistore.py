@@ -16,6 +16,7 @@ from tests.standin.slicecheck import API_VERSION, invalid_message, slice_errors
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 Obj = dict[str, Any]
 
@@ -146,8 +147,15 @@ class Store:
         except KeyError:
             raise StatusError(404, "NotFound", f'nodes "{name}" not found') from None
 
-    def patch_node_status(self, name: str, patch: Obj, content_type: str) -> Obj:
+    def patch_node_status(self, name: str, patch: Any, content_type: str) -> Obj:
         node = self.node(name)
+        if content_type == JSON_PATCH:
+            patched = json_patch(node, patch)
+            node["status"] = patched["status"]  # the status subresource: nothing else
+            node["metadata"]["resourceVersion"] = self._rv()
+            self.statuses.append((name, copy.deepcopy(node["status"])))
+            self._changed("MODIFIED", "Node", None, node)
+            return node
         extra = set(patch) - {"status", "metadata"}
         if extra:  # the status subresource changes only the status
             patch = {k: v for k, v in patch.items() if k not in extra}
@@ -390,3 +398,31 @@ class Store:
     def _rv(self) -> str:
         self.version += 1
         return str(self.version)
+
+
+def json_patch(document: Obj, operations: object) -> Obj:
+    """RFC 6902 on a copy of `document`: add, remove, replace and test, as the API server
+    applies them (a failed test or a missing path: 422, nothing changed)."""
+    if not isinstance(operations, list):
+        raise StatusError(400, "BadRequest", "a JSON patch is a list of operations")
+    out = copy.deepcopy(document)
+    for op in operations:
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in str(op["path"]).split("/")[1:]]
+        parent: Any = out
+        for key in keys[:-1]:
+            if not isinstance(parent, dict) or key not in parent:
+                raise StatusError(422, "Invalid", f"the path {op['path']!r} does not exist")
+            parent = parent[key]
+        last = keys[-1]
+        kind = op["op"]
+        if kind in ("remove", "replace", "test") and last not in parent:
+            raise StatusError(422, "Invalid", f"the path {op['path']!r} does not exist")
+        if kind == "test" and parent[last] != op["value"]:
+            raise StatusError(422, "Invalid", f"test of {op['path']!r} failed")
+        if kind == "remove":
+            del parent[last]
+        elif kind in ("add", "replace"):
+            parent[last] = op["value"]
+        elif kind != "test":
+            raise StatusError(422, "Invalid", f"unsupported operation {kind!r}")
+    return out

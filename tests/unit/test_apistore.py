@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.standin.apistore import MERGE, STRATEGIC, StatusError, Store
+from tests.standin.apistore import JSON_PATCH, MERGE, STRATEGIC, StatusError, Store
 
 OURS = {"type": "DevicesHealthy", "status": "False", "reason": "DeviceUnhealthy"}
 
@@ -32,8 +32,21 @@ def test_other_patch_types_are_unsupported_media() -> None:
     store = Store()
     store.add_node("n")
     with pytest.raises(StatusError) as err:
-        store.patch_node_status("n", {"status": {}}, "application/json-patch+json")
+        store.patch_node_status("n", {"status": {}}, "application/apply-patch+yaml")
     assert err.value.code == 415
+
+
+def test_a_json_patch_applies_whole_or_not_at_all() -> None:
+    store = Store()
+    store.add_node("n")
+    store.nodes["n"]["status"]["capacity"] = {"a/b": "0", "cpu": "2"}
+    remove = {"op": "remove", "path": "/status/capacity/a~1b"}
+    with pytest.raises(StatusError) as err:
+        store.patch_node_status("n", [remove, {**remove, "op": "test", "value": "1"}], JSON_PATCH)
+    assert err.value.code == 422
+    assert store.node("n")["status"]["capacity"] == {"a/b": "0", "cpu": "2"}
+    store.patch_node_status("n", [{**remove, "op": "test", "value": "0"}, remove], JSON_PATCH)
+    assert store.node("n")["status"]["capacity"] == {"cpu": "2"}
 
 
 def test_unknown_node_is_not_found() -> None:

@@ -1,0 +1,74 @@
+"""The zeros a device plugin leaves in its Node's capacity: the kubelet keeps a resource
+whose plugin is gone at 0, for good, and the scheduler then takes that resource for a
+device plugin's and never serves it through a DeviceClass's extendedResourceName. A node
+moved to DRA mode has no device plugin of ours: those zeros are removed, once, at start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection
+
+import structlog
+
+from agents.cluster.client import ApiClient, ApiError, UnreachableError
+
+log = structlog.get_logger(__name__)
+
+JSON_PATCH = "application/json-patch+json"
+RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # then every 30 s until the API server answers
+FIELDS = ("capacity", "allocatable")
+
+
+def stale_zeros(node: dict[str, object], ours: Callable[[str], bool]) -> list[str]:
+    """Our resource names that the Node's capacity and allocatable both hold at 0."""
+    status = node.get("status")
+    if not isinstance(status, dict):
+        return []
+    tables = [status.get(f) for f in FIELDS]
+    if not all(isinstance(t, dict) for t in tables):
+        return []
+    capacity, allocatable = tables
+    assert isinstance(capacity, dict) and isinstance(allocatable, dict)
+    return sorted(
+        name
+        for name, value in capacity.items()
+        if ours(name) and str(value) == "0" and str(allocatable.get(name, "0")) == "0"
+    )
+
+
+def _escaped(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+async def clear_stale_zeros(client: ApiClient, node: str, prefixes: Collection[str]) -> None:
+    """Remove the device-plugin zeros of resources under `prefixes` from `node`'s status;
+    retried while the API server does not answer."""
+    path = f"/api/v1/nodes/{node}"
+    delays = iter(RETRY_S)
+    while True:
+        try:
+            found = await client.request("GET", path)
+            names = stale_zeros(found, lambda n: any(n.startswith(p) for p in prefixes))
+            if not names:
+                return
+            patch = [
+                op
+                for name in names
+                for f in FIELDS
+                for op in (
+                    {"op": "test", "path": f"/status/{f}/{_escaped(name)}", "value": "0"},
+                    {"op": "remove", "path": f"/status/{f}/{_escaped(name)}"},
+                )
+            ]
+            await client.request("PATCH", f"{path}/status", patch, JSON_PATCH)
+            log.info(
+                "device_plugin_capacity_removed",
+                node=node,
+                resources=names,
+                reason="left at 0 by a device plugin that no longer runs here",
+            )
+            return
+        except (ApiError, UnreachableError) as exc:
+            delay = next(delays, RETRY_S[-1])
+            log.warning("device_plugin_capacity_unchanged", error=str(exc), retry_in_s=delay)
+            await asyncio.sleep(delay)
