@@ -98,6 +98,15 @@ class DraNode:
         await self.wait(lambda: newer() or not agent.alive())
         assert newer(), f"the agent exited: {agent.stderr[-3000:]}"
 
+    async def restart_kubelet(self) -> None:
+        """The kubelet restarted: its plugin watcher and calls stop, new ones start on the
+        same registry directory, knowing no driver until the agent's register again."""
+        await self.kubelet.close()
+        await self.watcher.stop()
+        self.watcher = PluginWatcher(self.registry)
+        await self.watcher.start()
+        self.kubelet = DraKubelet(self.watcher)
+
     def slices(self, driver: str) -> list[Obj]:
         return [
             s
@@ -157,10 +166,10 @@ async def dra_node(
     (root / "registry").mkdir()
     watcher = PluginWatcher(root / "registry")
     await watcher.start()
-    kubelet = DraKubelet(watcher)
+    node = DraNode(root, server, watcher, DraKubelet(watcher), start_agent)
     try:
-        yield DraNode(root, server, watcher, kubelet, start_agent)
+        yield node
     finally:
-        await kubelet.close()
-        await watcher.stop()
+        await node.kubelet.close()
+        await node.watcher.stop()
         await server.stop()
