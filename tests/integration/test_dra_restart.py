@@ -15,7 +15,7 @@ from pathlib import Path
 from agents.dra.wiring import CLAIM_DEADLINE_S
 from tests.integration.conftest import AgentProcess
 from tests.integration.dra_node import GPU, NIC, WAIT, DraNode, dra_node, ref
-from tests.standin.apiserver import HANG, UP
+from tests.standin.apiserver import HANG, REFUSE, UP
 
 __all__ = ["dra_node"]
 
@@ -63,6 +63,11 @@ async def test_sockets_someone_removed_are_served_again_and_registered_anew(
     assert agent.stderr.count("dra_socket_removed") == 2
     dra_node.claim("c", [("gpu", GPU, "gpu-0")])
     assert await prepared(dra_node, "c") == ""
+    # The new service socket serves the health stream too.
+    stream = dra_node.kubelet.watch_health(GPU)
+    first = await anext(stream)
+    await stream.aclose()
+    assert {d.device.device_name for d in first.devices} == set(dra_node.devices(GPU))
     assert agent.alive()
 
 
@@ -73,7 +78,10 @@ async def test_with_the_api_server_down_prepare_fails_per_claim_in_time_and_slic
     dra_node.claim("kept", [("gpu", GPU, "gpu-0")])
     assert await prepared(dra_node, "kept") == ""
     dra_node.claim("new", [("gpu", GPU, "gpu-1")])
-    await dra_node.server.set_mode(HANG)  # accepts, never answers
+    await dra_node.server.set_mode(REFUSE)  # gone: the claim's read fails at once
+    error = await prepared(dra_node, "new")
+    assert "API server unreachable" in error and "c-new" in error
+    await dra_node.server.set_mode(HANG)  # accepts, never answers: the deadline counts
 
     began = time.monotonic()
     pending = asyncio.ensure_future(dra_node.kubelet.prepare(GPU, [ref("new")]))
