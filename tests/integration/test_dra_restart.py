@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from agents.dra.wiring import CLAIM_DEADLINE_S
 from tests.integration.conftest import AgentProcess
 from tests.integration.dra_node import GPU, NIC, WAIT, DraNode, dra_node, ref
@@ -106,8 +108,20 @@ def _reloaded(agent: AgentProcess, event: str, count: int) -> Callable[[], bool]
     return lambda: agent.stderr.count(event) >= count or not agent.alive()
 
 
+@pytest.mark.parametrize(
+    "ignored",
+    [
+        ("flags:\n  migStrategy: single\n", "migStrategy"),
+        ("roce:\n  resourceName: rdma/other\n", "roce.resourceName"),
+    ],
+    ids=["gpu-key", "roce-key"],
+)
 async def test_sighup_applies_a_key_dra_ignores_without_publishing_and_refuses_a_bad_file(
-    dra_node: DraNode, node_file: Path, edit_node: Callable[..., None], tmp_path: Path
+    dra_node: DraNode,
+    node_file: Path,
+    edit_node: Callable[..., None],
+    tmp_path: Path,
+    ignored: tuple[str, str],  # (the config's lines, the key DRA ignores)
 ) -> None:
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
@@ -116,12 +130,13 @@ async def test_sighup_applies_a_key_dra_ignores_without_publishing_and_refuses_a
     assert await prepared(dra_node, "c") == ""
     writes = slice_writes(dra_node)
 
-    config.write_text("version: v1\nflags:\n  migStrategy: single\n")
+    lines, key = ignored
+    config.write_text(f"version: v1\n{lines}")
     agent.process.send_signal(signal.SIGHUP)
     await dra_node.wait(_reloaded(agent, "config_reloaded", 1))
     assert agent.alive(), agent.stderr[-3000:]
     assert agent.stderr.count("dra_ignores_key") == 1
-    assert "key=migStrategy" in agent.stderr
+    assert f"key={key}" in agent.stderr
 
     config.write_text("version: v1\nflags:\n  migStrategy: sideways\n")
     agent.process.send_signal(signal.SIGHUP)
