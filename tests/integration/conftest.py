@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,11 +75,12 @@ class AgentProcess:
 
 
 @pytest.fixture
-def start_agent(tmp_path: Path) -> Iterator[Callable[[Sequence[str]], AgentProcess]]:
-    """start_agent(["run", ...]) spawns `python -m agents.cli ...`; killed at teardown."""
+def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
+    """start_agent(["run", ...], env=None) spawns `python -m agents.cli ...` (in `env`, or
+    this process's environment); killed at teardown."""
     spawned: list[AgentProcess] = []
 
-    def start(args: Sequence[str]) -> AgentProcess:
+    def start(args: Sequence[str], env: Mapping[str, str] | None = None) -> AgentProcess:
         stderr_path = tmp_path / f"agent-{len(spawned)}.stderr"
         started = time.monotonic()
         with stderr_path.open("wb") as stderr:
@@ -88,6 +89,7 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[[Sequence[str]], AgentProce
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env=None if env is None else dict(env),
             )
         agent = AgentProcess(process, started, stderr_path)
         spawned.append(agent)

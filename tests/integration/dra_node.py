@@ -4,7 +4,7 @@ plugin watcher and DRA calls (tests/standin/dra_kubelet.py), all over real socke
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ class DraNode:
     server: ApiServer
     watcher: PluginWatcher
     kubelet: DraKubelet
-    start_agent: Callable[[Sequence[str]], AgentProcess]
+    start_agent: Callable[..., AgentProcess]  # (args, env=None)
 
     @property
     def plugins(self) -> Path:
@@ -47,13 +47,15 @@ class DraNode:
     def device_plugins(self) -> Path:
         return self.root / "device-plugins"
 
-    def args(self, node_file: Path, *more: str) -> list[str]:
+    def args(self, node_file: Path | None, *more: str) -> list[str]:
+        """The command line on the simulated node `node_file`; None: the real backends
+        (the test NVML library, through `env`)."""
+        simulate = ["--simulate", str(node_file)] if node_file is not None else []
         return [
             "run",
             "--api",
             "dra",
-            "--simulate",
-            str(node_file),
+            *simulate,
             "--node-name",
             NODE,
             "--kubeconfig",
@@ -71,14 +73,41 @@ class DraNode:
             *more,
         ]
 
-    async def start(self, node_file: Path, *more: str) -> AgentProcess:
-        """The agent, once both drivers are registered and both slices published."""
+    async def start(
+        self,
+        node_file: Path | None,
+        *more: str,
+        drivers: Sequence[str] = (GPU, NIC),
+        env: Mapping[str, str] | None = None,
+    ) -> AgentProcess:
+        """The agent, once its drivers are registered and their slices published."""
         after = {d: r.serial for d, r in self.watcher.drivers.items()}
-        agent = self.start_agent(self.args(node_file, *more))
-        for driver in (GPU, NIC):
-            await self.watcher.registered(driver, WAIT, after=after.get(driver, 0))
-        await self.wait(lambda: set(self.devices(GPU)) and set(self.devices(NIC)))
+        agent = self.start_agent(self.args(node_file, *more), env=env)
+        for driver in drivers:
+            await self.registered(agent, driver, after.get(driver, 0))
+        await self.wait(lambda: all(self.devices(d) for d in drivers) or not agent.alive())
+        assert agent.alive(), agent.stderr[-3000:]
         return agent
+
+    async def registered(self, agent: AgentProcess, driver: str, after: int = 0) -> None:
+        """Until the plugin watcher registered `driver` anew; fails at once, with the
+        agent's last words, if the agent exits first."""
+
+        def newer() -> bool:
+            found = self.watcher.drivers.get(driver)
+            return found is not None and found.serial > after
+
+        await self.wait(lambda: newer() or not agent.alive())
+        assert newer(), f"the agent exited: {agent.stderr[-3000:]}"
+
+    async def restart_kubelet(self) -> None:
+        """The kubelet restarted: its plugin watcher and calls stop, new ones start on the
+        same registry directory, knowing no driver until the agent's register again."""
+        await self.kubelet.close()
+        await self.watcher.stop()
+        self.watcher = PluginWatcher(self.registry)
+        await self.watcher.start()
+        self.kubelet = DraKubelet(self.watcher)
 
     def slices(self, driver: str) -> list[Obj]:
         return [
@@ -129,7 +158,7 @@ def kubeconfig(path: Path, url: str) -> None:
 
 @pytest.fixture
 async def dra_node(
-    tmp_path: Path, start_agent: Callable[[Sequence[str]], AgentProcess]
+    tmp_path: Path, start_agent: Callable[..., AgentProcess]
 ) -> AsyncIterator[DraNode]:
     server = ApiServer((NODE,))
     await server.start()
@@ -139,10 +168,10 @@ async def dra_node(
     (root / "registry").mkdir()
     watcher = PluginWatcher(root / "registry")
     await watcher.start()
-    kubelet = DraKubelet(watcher)
+    node = DraNode(root, server, watcher, DraKubelet(watcher), start_agent)
     try:
-        yield DraNode(root, server, watcher, kubelet, start_agent)
+        yield node
     finally:
-        await kubelet.close()
-        await watcher.stop()
+        await node.kubelet.close()
+        await node.watcher.stop()
         await server.stop()
