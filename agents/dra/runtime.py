@@ -27,6 +27,7 @@ from agents.tasks import first
 log = structlog.get_logger(__name__)
 
 SOCKET_CHECK_S = 2.0  # how often our sockets are looked for (someone may remove them)
+REGISTRATION_WAIT_S = 5.0  # how long slices wait for the kubelet to register the drivers
 HELD_POLL_S = 5.0  # while running pods hold devices through device plugins: asked again
 STALE_RETRY_S = 30.0  # checkpointed claims of an unreachable API server: asked again
 
@@ -143,7 +144,7 @@ class DraRuntime:
             if not self.servers:
                 await self.start()
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._slices.run())
+                group.create_task(self._publish())
                 group.create_task(self._follow_devices())
                 group.create_task(self._follow_device_plugin_holdings())
                 group.create_task(self._keep_sockets())
@@ -156,6 +157,23 @@ class DraRuntime:
                 await server.stop()
             await self._pod_resources.close()
             await self._claims.aclose()
+
+    async def _publish(self) -> None:
+        """Publish once the kubelet has registered every driver: a device the scheduler
+        gives a pod before then cannot be prepared, and the kubelet retries that pod only
+        a minute later. Without a kubelet (none answers within REGISTRATION_WAIT_S) the
+        slices go out all the same."""
+        waits = [s.registered_once.wait() for s in self.servers.values()]
+        try:
+            async with asyncio.timeout(REGISTRATION_WAIT_S):
+                await asyncio.gather(*waits)
+        except TimeoutError:
+            log.warning(
+                "dra_slices_before_registration",
+                waited_s=REGISTRATION_WAIT_S,
+                unregistered=sorted(n for n, s in self.servers.items() if not s.registered),
+            )
+        await self._slices.run()
 
     def _resources(self) -> list[Resource]:
         return [r for f in self._families() for r in f.resources()]

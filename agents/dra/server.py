@@ -62,6 +62,7 @@ class DriverServer:
         self._servers: list[grpc.aio.Server] = []
         self._inodes: dict[Path, int] = {}
         self.registered = False
+        self.registered_once = asyncio.Event()  # the kubelet has taken the driver
         self._closing = asyncio.Event()
 
     async def start(self) -> None:
@@ -167,6 +168,7 @@ class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]
     async def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         self._server.registered = request.plugin_registered
         if request.plugin_registered:
+            self._server.registered_once.set()
             log.info("dra_driver_registered", driver=self._server.driver.name)
         else:
             log.error(

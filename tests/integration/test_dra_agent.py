@@ -15,7 +15,7 @@ from typing import Any
 
 from agents.api import dra_health_pb2
 from agents.core.xid import HOLD_S
-from agents.dra.runtime import HELD_POLL_S
+from agents.dra.runtime import HELD_POLL_S, REGISTRATION_WAIT_S
 from agents.standin.admission import AllocatedContainer, PodAllocation
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
@@ -328,3 +328,15 @@ async def test_zeros_a_device_plugin_left_in_the_node_status_are_removed(
     await dra_node.wait(lambda: "nvidia.com/gpu" not in node["status"].get("capacity", {}))
     for table in ("capacity", "allocatable"):
         assert dra_node.server.store.nodes[NODE]["status"][table] == other
+
+
+async def test_without_a_kubelet_the_slices_go_out_after_the_registration_wait(
+    dra_node: DraNode, node_file: Path
+) -> None:
+    """Slices wait for the kubelet to register the drivers (a device it cannot prepare
+    yet would hold its pod back a minute), but not for ever: a node whose kubelet never
+    answers still publishes."""
+    await dra_node.watcher.stop()
+    agent = dra_node.start_agent(dra_node.args(node_file))
+    await dra_node.wait(lambda: len(dra_node.devices(GPU)) == 8, WAIT + REGISTRATION_WAIT_S)
+    assert "dra_slices_before_registration" in agent.stderr
