@@ -25,6 +25,7 @@ from agents.standin.checkpoint import (
 )
 from agents.standin.podresources import PodResourcesServer
 from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node, ref
+from tests.standin.apistore import MERGE
 
 __all__ = ["dra_node"]
 
@@ -328,6 +329,12 @@ async def test_zeros_a_device_plugin_left_in_the_node_status_are_removed(
     await dra_node.wait(lambda: "nvidia.com/gpu" not in node["status"].get("capacity", {}))
     for table in ("capacity", "allocatable"):
         assert dra_node.server.store.nodes[NODE]["status"][table] == other
+    # Minutes after a switch, the kubelet gives up on a plugin and writes its zero then.
+    late = {"capacity": {"rdma/roce": "0"}, "allocatable": {"rdma/roce": "0"}}
+    dra_node.server.store.patch_node_status(NODE, {"status": late}, MERGE)
+    node = dra_node.server.store.nodes[NODE]
+    await dra_node.wait(lambda: "rdma/roce" not in node["status"]["capacity"])
+    assert node["status"]["allocatable"] == other
 
 
 async def test_without_a_kubelet_the_slices_go_out_after_the_registration_wait(
