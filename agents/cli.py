@@ -24,6 +24,7 @@ from agents.tasks import cause, until
 if TYPE_CHECKING:
     from agents.backends import Backends
     from agents.daemon import Agent, DraMaker, HealthReporter
+    from agents.dra.holdings import DraHoldings
     from agents.family import FamilyKind
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -294,6 +295,7 @@ async def _serve(
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
             dra=dra,
+            dra_holdings=None if dra is not None else _dra_holdings(opts),
         )
         # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
         # initialisation holds up neither the signal nor the exit.
@@ -317,6 +319,15 @@ async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> N
             group.create_task(_reload_on(hup, agent, path))
     except BaseExceptionGroup as failed:
         raise cause(failed) from None
+
+
+def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
+    """Device-plugin mode: what claims of an earlier DRA mode still hold (SPEC §10)."""
+    from agents.dra.holdings import DraHoldings
+    from agents.plugin.kubelet_facts import PodResources
+
+    socket = opts.pod_resources_socket
+    return DraHoldings(opts.kubelet_plugins_dir, opts.cdi_root, PodResources(socket))
 
 
 async def _dra(opts: argparse.Namespace) -> DraMaker:

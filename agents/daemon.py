@@ -30,6 +30,7 @@ from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import Supervisor, cause, off_loop, until
 
 if TYPE_CHECKING:
+    from agents.dra.holdings import DraHoldings
     from agents.metrics import Metrics, MetricsServer
 
 log = structlog.get_logger(__name__)
@@ -77,6 +78,8 @@ class Agent:
     pod_resources_socket: Path | None = None
     reporter: HealthReporter | None = None
     dra: DraMaker | None = None  # serve through DRA instead of device plugins
+    # Device-plugin mode: devices that claims of the DRA checkpoints hold, not advertised.
+    dra_holdings: DraHoldings | None = None
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
@@ -135,11 +138,15 @@ class Agent:
                 manager = self.dra(lambda: list(self.families.values()))
                 _check_drivers(fresh)
             else:
+                holdings = self.dra_holdings
+                if holdings is not None:
+                    await holdings.load(sorted({f.dra().driver for f in fresh}))
                 manager = PluginManager(
                     self.plugin_dir,
                     [r for f in fresh for r in f.resources()],
                     telemetry=self.telemetry,
                     before_preferred=self.pairing.refresh if self.pairing is not None else None,
+                    withheld=holdings,
                 )
         except BaseException:
             await _close(fresh)
@@ -270,6 +277,8 @@ class Agent:
                     tasks.start("pairing", self.pairing.run)
                 if self.backends.simulated is not None:
                     tasks.start("simulated-node", self.backends.simulated.run)
+                if self.dra_holdings is not None and self.dra is None:
+                    tasks.start("dra-holdings", self.dra_holdings.run)
                 if self.metrics_server is not None:
                     tasks.start("metrics", self.metrics_server.serve)
                 if self.reporter is not None:

@@ -85,6 +85,10 @@ class PodResources:
         self._warned = False
 
     async def list(self) -> Listing | None:
+        answer = await self._answer()
+        return None if answer is None else listing_of(answer)
+
+    async def _answer(self) -> pr.ListPodResourcesResponse | None:
         if self.socket is None:
             self._warn("no pod-resources socket configured")
             return None
@@ -92,14 +96,29 @@ class PodResources:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket}")
             self._stub = pr_grpc.PodResourcesListerStub(self._channel)
         try:
-            answer = await self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout)
+            answer: pr.ListPodResourcesResponse = await self._stub.List(
+                pr.ListPodResourcesRequest(), timeout=self._timeout
+            )
         except grpc.aio.AioRpcError as exc:
             self._warn(f"{exc.code().name}: {exc.details()}")
             return None
         except asyncio.CancelledError:
             raise
         self._warned = False
-        return listing_of(answer)
+        return answer
+
+    async def claims(self) -> set[tuple[str, str]] | None:
+        """(namespace, name) of every DRA claim a container the kubelet knows holds;
+        None when it does not answer."""
+        answer = await self._answer()
+        if answer is None:
+            return None
+        return {
+            (claim.claim_namespace, claim.claim_name)
+            for pod in answer.pod_resources
+            for container in pod.containers
+            for claim in container.dynamic_resources
+        }
 
     def _warn(self, why: str) -> None:
         if not self._warned:

@@ -24,7 +24,7 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
-from agents.plugin.resource import Resource
+from agents.plugin.resource import Resource, Withheld
 from agents.plugin.server import DevicePluginServer, socket_name
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
@@ -49,6 +49,7 @@ class PluginManager:
         *,
         telemetry: Telemetry | None = None,
         before_preferred: Callable[[str], Awaitable[None]] | None = None,
+        withheld: Withheld | None = None,
         waiting_log_s: float = WAITING_LOG_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -56,6 +57,7 @@ class PluginManager:
         self._telemetry = telemetry or NoTelemetry()
         # Facts to gather (pod-resources) before a resource's preferred answer, by name.
         self._before_preferred = before_preferred
+        self._withheld = withheld
         self._waiting_log_s = waiting_log_s
         self._clock = clock
         self._next_waiting_log: float | None = None
@@ -100,6 +102,7 @@ class PluginManager:
             on_stream_lost=self._stream_lost,
             telemetry=self._telemetry,
             before_preferred=None if hook is None else functools.partial(hook, resource.name),
+            withheld=self._withheld,
         )
 
     def _add(self, server: DevicePluginServer) -> None:

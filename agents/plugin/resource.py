@@ -77,3 +77,15 @@ class Resource(Protocol):
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]: ...
+
+
+class Withheld(Protocol):
+    """Devices not to advertise for now, though their family has them (held through the
+    other API); `version` grows with every change."""
+
+    @property
+    def version(self) -> int: ...
+
+    def holds(self, resource: str, device_id: str) -> bool: ...
+
+    async def wait_newer(self, version: int) -> None: ...

@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,7 +19,7 @@ from agents.api import api_pb2_grpc as pb_grpc
 from agents.core.device import Device
 from agents.errors import AllocationError, Code
 from agents.plugin import requests, wire
-from agents.plugin.resource import Resource
+from agents.plugin.resource import Inventory, Resource, Withheld
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
 
@@ -57,8 +57,10 @@ class DevicePluginServer:
         on_stream_lost: Callable[[str], None] = lambda _name: None,
         telemetry: Telemetry | None = None,
         before_preferred: Callable[[], Awaitable[None]] | None = None,
+        withheld: Withheld | None = None,
     ) -> None:
         self.resource = resource
+        self.withheld = withheld  # devices not to advertise now (held through DRA)
         # Facts to gather (pod-resources) before a preferred answer, which is computed
         # without awaiting anything.
         self.before_preferred = before_preferred
@@ -173,6 +175,8 @@ class DevicePluginServer:
         self._streams += 1
         inventory, sent = self.resource.inventory, -1
         listed: tuple[Device, ...] | None = None
+        withheld = self.withheld
+        held = withheld.version if withheld is not None else 0
         try:
             while not closing.is_set():
                 if self._frozen is closing:  # (self.frozen, for this stream's serving)
@@ -182,12 +186,20 @@ class DevicePluginServer:
                     # A resource rebuilt on reload: the same list is no news. The kubelet
                     # would write its checkpoint for it, which reads as a container's end.
                     inventory = self.resource.inventory
-                    sent = inventory.version if inventory.devices == listed else -1
-                if inventory.version != sent:
-                    sent, listed = inventory.version, inventory.devices
+                    sent = inventory.version if self.visible(inventory) == listed else -1
+                if inventory.version != sent or (withheld is not None and withheld.version != held):
+                    visible = self.visible(inventory)
+                    held = withheld.version if withheld is not None else 0
+                    if sent != -1 and visible == listed:
+                        sent = inventory.version  # a change of what is withheld, not here
+                        continue
+                    sent, listed = inventory.version, visible
                     yield wire.list_message(listed)
                     continue
-                await first(inventory.wait_newer(sent), closing.wait(), self._swapped.wait())
+                waits = [inventory.wait_newer(sent), closing.wait(), self._swapped.wait()]
+                if withheld is not None:
+                    waits.append(withheld.wait_newer(held))
+                await first(*waits)
         except asyncio.CancelledError:
             if closing.is_set():
                 raise
@@ -199,6 +211,25 @@ class DevicePluginServer:
             raise
         finally:
             self._streams -= 1
+
+    def visible(self, inventory: Inventory) -> tuple[Device, ...]:
+        """The devices to list: all but those held through the other API."""
+        withheld = self.withheld
+        if withheld is None:
+            return inventory.devices
+        name = self.resource.name
+        return tuple(d for d in inventory.devices if not withheld.holds(name, d.id))
+
+    def check_not_withheld(self, ids: Sequence[str]) -> None:
+        withheld = self.withheld
+        if withheld is None:
+            return
+        for device_id in ids:
+            if withheld.holds(self.resource.name, device_id):
+                raise AllocationError(
+                    Code.INVALID_ARGUMENT,
+                    f"device {device_id} of {self.resource.name} is held by a DRA claim",
+                )
 
     async def observed(self, method: str, call: Callable[[], Awaitable[T]], context: Any) -> T:
         """Run one unary RPC: map AllocationError to its status, never let others escape."""
@@ -259,6 +290,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         size = int(req.allocation_size)
         resource = self._resource
         requests.check_preferred(resource.inventory, available, must, size, resource.name)
+        self._server.check_not_withheld([*available, *must])
         answer = resource.preferred(available, must, size)
         if not requests.check_answer(answer, available, must, size):
             log.error("preferred_answer_invalid", resource=resource.name, answer=answer)
@@ -272,6 +304,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             for req in request.container_requests:
                 ids = list(req.devicesIDs)
                 requests.check_allocate(resource.inventory, ids, resource.name)
+                self._server.check_not_withheld(ids)
                 responses.append(wire.allocation_message(resource.allocate(ids)))
                 log.info("allocated", resource=resource.name, devices=ids)
                 self._server._telemetry.allocated(resource.name, len(ids))
