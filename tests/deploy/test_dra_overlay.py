@@ -40,6 +40,9 @@ DRA_WRITABLE = {
     REGISTRY_DIR: "Directory",
     CDI_ROOT: "DirectoryOrCreate",
     NFD_FEATURES_DIR: "DirectoryOrCreate",
+    # The base's, for a node moved back from DRA mode: the drivers' own directories.
+    f"{PLUGINS_DIR}/gpu.nvidia.com": "DirectoryOrCreate",
+    f"{PLUGINS_DIR}/roce.node-agents.io": "DirectoryOrCreate",
 }
 # SPEC section 9's rights, and section 10's beside them.
 DRA_RULES = [
@@ -226,11 +229,7 @@ def test_differs_from_the_base_only_in_what_agent_kustomization_lists() -> None:
     base_volumes = [v for v in pod_spec(base)["volumes"] if "configMap" not in v]
     assert dra_volumes[: len(base_volumes)] == base_volumes
     added = {v["name"]: v["hostPath"]["path"] for v in dra_volumes[len(base_volumes) :]}
-    assert added == {
-        "kubelet-plugins": PLUGINS_DIR,
-        "kubelet-plugins-registry": REGISTRY_DIR,
-        "cdi": CDI_ROOT,
-    }
+    assert added == {"kubelet-plugins": PLUGINS_DIR, "kubelet-plugins-registry": REGISTRY_DIR}
     mounts = agent_container(dra)["volumeMounts"]
     base_mounts = agent_container(base)["volumeMounts"]
     assert [m for m in mounts if m["mountPath"] != DEVICE_PLUGIN_DIR][: len(base_mounts) - 1] == [
