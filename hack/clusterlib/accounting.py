@@ -12,6 +12,7 @@ from hack.clusterlib.layouts import Layout, Place
 from hack.clusterlib.workload import Shape
 
 GROUPINGS = ("switch", "root")  # what a pair's constraint matches on
+COUNTS = "counts"  # no grouping: the device plugins' view
 
 
 def group_of(place: Place, grouping: str) -> str | None:
@@ -30,7 +31,11 @@ def free_pairs(free: Iterable[Place], grouping: str) -> int:
 
 
 def fits(shape: Shape, free: Sequence[Place], grouping: str) -> bool:
-    """Whether one node's free devices meet a shape's request."""
+    """Whether one node's free devices meet a shape's request: pairs within one group
+    (`grouping`), or by COUNTS as many GPUs and NICs as the shape has pairs."""
+    if shape.paired and grouping == COUNTS:
+        kinds = Counter(p.kind for p in free)
+        return kinds["gpu"] >= shape.size and kinds["nic"] >= shape.size
     if shape.paired:
         return free_pairs(free, grouping) >= shape.size
     return sum(1 for p in free if p.kind == "gpu") >= shape.size

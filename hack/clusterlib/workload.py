@@ -35,6 +35,9 @@ class Shape:
         return self.size
 
 
+SHAPES = tuple(Shape(paired, size) for paired in (True, False) for size in SIZES)
+
+
 @dataclass(frozen=True)
 class Create:
     shape: Shape
@@ -70,7 +73,9 @@ class Workload:
         return Create(shape)
 
 
-def claim_template(shape: Shape, attribute: str, classes: tuple[str, str]) -> dict[str, Any]:
+def claim_template(
+    name: str, shape: Shape, attribute: str, classes: tuple[str, str]
+) -> dict[str, Any]:
     """A ResourceClaimTemplate for a shape: one GPU request and one NIC request per pair,
     each pair constrained to one value of `attribute`; GPUs alone without constraints."""
     gpu_class, nic_class = classes
@@ -87,7 +92,7 @@ def claim_template(shape: Shape, attribute: str, classes: tuple[str, str]) -> di
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": shape.name, "labels": {LABEL: "true"}},
+        "metadata": {"name": name, "labels": {LABEL: "true"}},
         "spec": {"spec": spec},
     }
 
@@ -108,8 +113,8 @@ def device_classes(prefix: str) -> list[dict[str, Any]]:
     ]
 
 
-def pod(name: str, shape: Shape, *, claims: bool) -> dict[str, Any]:
-    """A pod of one container: its claim from the shape's template (`claims`), or the
+def pod(name: str, shape: Shape, template: str | None) -> dict[str, Any]:
+    """A pod of one container: its claim from a ResourceClaimTemplate, or (None) the
     device plugins' counts in its limits."""
     container: dict[str, Any] = {
         "name": "main",
@@ -124,8 +129,8 @@ def pod(name: str, shape: Shape, *, claims: bool) -> dict[str, Any]:
         "tolerations": [{"key": LABEL, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
     }
-    if claims:
-        spec["resourceClaims"] = [{"name": "devices", "resourceClaimTemplateName": shape.name}]
+    if template is not None:
+        spec["resourceClaims"] = [{"name": "devices", "resourceClaimTemplateName": template}]
         container["resources"] = {"claims": [{"name": "devices"}]}
     else:
         limits = {GPU_RESOURCE: str(shape.size)}
