@@ -229,19 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(simulate(opts, progress))
     figs = figures(result)
     if opts.json:
-        detail = {k: asdict(v) if isinstance(v, Outcome) else v for k, v in result.items()}
-        for v in detail.values():
-            if isinstance(v, dict):
-                for key in ("ever_unschedulable", "pending_while_free"):
-                    if key in v:
-                        v[key] = sorted(v[key])
-        print(
-            json.dumps(
-                {"machine": machine(), "figures": [asdict(f) for f in figs], "runs": detail},
-                indent=2,
-                default=str,
-            )
-        )
+        detail = {k: v.summary() if isinstance(v, Outcome) else v for k, v in result.items()}
+        doc = {"machine": machine(), "figures": [asdict(f) for f in figs], "runs": detail}
+        print(json.dumps(doc, indent=2))
     else:
         print(table(figs))
     return 0 if all(f.ok is not False for f in figs) else 1

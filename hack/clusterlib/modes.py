@@ -46,6 +46,25 @@ class Outcome:
     unsettled: int = 0  # operations after which the cluster had not settled in GRACE_S
     wall_s: float = 0.0
 
+    def summary(self) -> dict[str, object]:
+        """For JSON: counts and lists, latencies in ms."""
+        return {
+            "mode": self.mode,
+            "operations": self.operations,
+            "created": dict(sorted(self.created.items())),
+            "deleted": self.deleted,
+            "pair_pods": self.pair_pods,
+            "paired": self.paired,
+            "gpu_pods": self.gpu_pods,
+            "misses": self.misses,
+            "ever_unschedulable": len(self.ever_unschedulable),
+            "pending_while_free": sorted(self.pending_while_free),
+            "free_waits_s": [round(w, 3) for w in self.free_waits],
+            "latencies_ms": [round(1000 * x, 1) for x in self.latencies],
+            "unsettled": self.unsettled,
+            "wall_s": round(self.wall_s, 2),
+        }
+
 
 @dataclass
 class Live:
@@ -104,8 +123,8 @@ class ModeRun:
         self.out.created[shape.name] += 1
 
     async def _delete(self, live: Live) -> None:
-        await self.api.delete("Pod", live.name, self.namespace)
         node = self._node(live)
+        await self.api.delete("Pod", live.name, self.namespace)
         if node is not None and not self.dra:
             self.replays[node].release(live.name)
         self.out.deleted += 1

@@ -55,6 +55,8 @@ class NodeReplay:
             if self.ledger.wants_listing(kind):
                 self.ledger.pod_resources(self._listing(exclude=pod))
             chosen = self.ledger.prefer(kind, self.free(kind), [], shape.size, self.costs[kind])
+            if len(chosen) != shape.size:
+                raise RuntimeError(f"{pod}: {shape.size} of {kind} asked, {chosen} chosen")
             self.ledger.allocated(kind, chosen)
             got[kind] = chosen
         # The kubelet's end-of-admission checkpoint write.

@@ -14,6 +14,7 @@ SWITCH = "node-agents.io/pcieSwitch"
 ROOT = "resource.kubernetes.io/pcieRoot"
 GPU_RESOURCE, NIC_RESOURCE = "nvidia.com/gpu", "rdma/roce"
 SIZES = (1, 2, 4)
+PRESSURE = 6  # 0.5 ** (1 / 6): half the operations delete at 89 % of the GPUs asked for
 PAIRED_SHARE = 0.75  # of creations; the rest ask for GPUs only
 LABEL = "node-agents.io/cluster-sim"  # on our nodes, pods and everything else we create
 IMAGE = "k8s.local/busybox:1.35"
@@ -52,9 +53,9 @@ Op = Create | Delete
 
 
 class Workload:
-    """Creations and deletions at random: a pod is deleted as likely as the square of the
-    share of the cluster's GPUs that live pods (placed or pending) ask for, so the cluster
-    hovers around 70 % asked for, busy enough to fragment."""
+    """Creations and deletions at random: a pod is deleted with the probability of the share
+    of the cluster's GPUs that live pods (placed or pending) ask for, to the power PRESSURE,
+    so the cluster hovers around 90 % asked for: busy enough to fragment and make pods wait."""
 
     def __init__(self, seed: int, total_gpus: int) -> None:
         self.rng = random.Random(seed)
@@ -63,7 +64,7 @@ class Workload:
 
     def next(self) -> Op:
         asked = sum(s.gpus for s in self.live)
-        if self.live and self.rng.random() < min(1.0, asked / self.total_gpus) ** 2:
+        if self.live and self.rng.random() < min(1.0, asked / self.total_gpus) ** PRESSURE:
             index = self.rng.randrange(len(self.live))
             del self.live[index]
             return Delete(index)
