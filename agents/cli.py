@@ -23,12 +23,16 @@ from agents.tasks import cause, until
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.daemon import Agent, HealthReporter
+    from agents.daemon import Agent, DraMaker, HealthReporter
     from agents.family import FamilyKind
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
+API_ENV = "NODE_AGENT_API"
+DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+DEFAULT_KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_CDI_ROOT = "/var/run/cdi"
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
 log = structlog.get_logger("node_agent")
@@ -122,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
     _cluster_flags(run)
+    _dra_flags(run)
     run.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -152,6 +157,46 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _dra_flags(run: argparse.ArgumentParser) -> None:
+    """DRA mode (SPEC §10): the same families, served as DRA drivers."""
+    run.add_argument(
+        "--api",
+        choices=("device-plugin", "dra"),
+        default=os.environ.get(API_ENV, "device-plugin"),
+        help=f"serve devices through device plugins or DRA (env {API_ENV}; "
+        "default device-plugin); one API per node",
+    )
+    run.add_argument(
+        "--kubelet-plugins-dir",
+        type=Path,
+        metavar="DIR",
+        default=Path(DEFAULT_KUBELET_PLUGINS_DIR),
+        help=f"DRA: where each driver's service socket and checkpoint go "
+        f"(default {DEFAULT_KUBELET_PLUGINS_DIR})",
+    )
+    run.add_argument(
+        "--kubelet-registry-dir",
+        type=Path,
+        metavar="DIR",
+        default=Path(DEFAULT_KUBELET_REGISTRY_DIR),
+        help="DRA: the kubelet's plugin-watcher directory "
+        f"(default {DEFAULT_KUBELET_REGISTRY_DIR})",
+    )
+    run.add_argument(
+        "--cdi-root",
+        type=Path,
+        metavar="DIR",
+        default=Path(DEFAULT_CDI_ROOT),
+        help=f"DRA: where prepared claims' CDI specs are written (default {DEFAULT_CDI_ROOT})",
+    )
+    run.add_argument(
+        "--dra-device-taints",
+        action="store_true",
+        help="DRA: keep an Unhealthy device in its slice with a NoSchedule taint instead of "
+        "leaving it out (API server and scheduler need DRADeviceTaints)",
+    )
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse argv; an unknown argument after a command gets that command's usage (exit 2)."""
     parser = build_parser()
@@ -160,6 +205,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(opts, "simulate_root", None) and not opts.simulate:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
+    if getattr(opts, "api", "device-plugin") not in ("device-plugin", "dra"):
+        _subparser(parser, "run").error(f"{API_ENV}: device-plugin or dra, not {opts.api!r}")
     return opts
 
 
@@ -234,6 +281,7 @@ async def _serve(
         else contextlib.nullcontext(real_backends())
     )
     reporter = await _cluster_reporter(opts)
+    dra = await _dra(opts) if opts.api == "dra" else None
     async with backends_cm as backends:
         agent = Agent(
             config,
@@ -245,6 +293,7 @@ async def _serve(
             nfd_features_file=opts.nfd_features_file,
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
+            dra=dra,
         )
         # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
         # initialisation holds up neither the signal nor the exit.
@@ -268,6 +317,25 @@ async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> N
             group.create_task(_reload_on(hup, agent, path))
     except BaseExceptionGroup as failed:
         raise cause(failed) from None
+
+
+async def _dra(opts: argparse.Namespace) -> DraMaker:
+    """DRA mode's runtime maker (SPEC §10); ConfigError without a node name or API server."""
+    from agents.dra.runtime import DraSettings
+    from agents.dra.wiring import dra_maker
+
+    def settings(node: str) -> DraSettings:
+        return DraSettings(
+            node=node,
+            plugins_dir=opts.kubelet_plugins_dir,
+            registry_dir=opts.kubelet_registry_dir,
+            cdi_root=opts.cdi_root,
+            device_plugin_dir=opts.device_plugin_dir,
+            pod_resources_socket=opts.pod_resources_socket,
+            device_taints=opts.dra_device_taints,
+        )
+
+    return await dra_maker(settings, opts.kubeconfig, opts.node_name, os.environ)
 
 
 async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:

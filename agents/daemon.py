@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -19,6 +19,7 @@ import structlog
 from agents.backends import Backends
 from agents.config import Config
 from agents.core.node_report import DeviceHealth
+from agents.errors import ConfigError
 from agents.families import KINDS
 from agents.family import Context, Family, FamilyKind, FamilyResource, config_view
 from agents.health import HealthFanout
@@ -34,6 +35,24 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 F = TypeVar("F")
+
+
+class Runtime(Protocol):
+    """How the families are served to the kubelet: device plugins, or DRA drivers."""
+
+    def check(self, resources: Sequence[FamilyResource]) -> None: ...
+
+    async def replace(
+        self, resources: Sequence[FamilyResource], unchanged: Collection[str]
+    ) -> None: ...
+
+    async def run(self) -> None: ...
+
+    def serving(self) -> bool: ...
+
+
+# Makes the DRA runtime over the agent's families (`node-agent run --api dra`).
+DraMaker = Callable[[Callable[[], Sequence[Family]]], Runtime]
 
 
 class HealthReporter(Protocol):
@@ -57,13 +76,14 @@ class Agent:
     nfd_features_file: Path | None = None
     pod_resources_socket: Path | None = None
     reporter: HealthReporter | None = None
+    dra: DraMaker | None = None  # serve through DRA instead of device plugins
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
-        self.manager: PluginManager | None = None
+        self.manager: Runtime | None = None
         # One pairing for the agent's life: the kubelet's facts outlive a config reload.
         self.pairing: Pairing | None = None
-        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS:
+        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS and self.dra is None:
             facts = CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket)
             self.pairing = Pairing(*facts)
         self.metrics: Metrics | None = None
@@ -104,18 +124,23 @@ class Agent:
         """Liveness: every resource's server is up."""
         return self.manager is not None and self.manager.serving()
 
-    async def start(self) -> PluginManager:
+    async def start(self) -> Runtime:
         """Discover and build every family. Raises ConfigError or BackendError."""
         if self.manager is not None:
             return self.manager
         fresh = await self._make(self.kinds, self.config)
         try:
-            manager = PluginManager(
-                self.plugin_dir,
-                [r for f in fresh for r in f.resources()],
-                telemetry=self.telemetry,
-                before_preferred=self.pairing.refresh if self.pairing is not None else None,
-            )
+            manager: Runtime
+            if self.dra is not None:
+                manager = self.dra(lambda: list(self.families.values()))
+                _check_drivers(fresh)
+            else:
+                manager = PluginManager(
+                    self.plugin_dir,
+                    [r for f in fresh for r in f.resources()],
+                    telemetry=self.telemetry,
+                    before_preferred=self.pairing.refresh if self.pairing is not None else None,
+                )
         except BaseException:
             await _close(fresh)
             raise
@@ -134,6 +159,8 @@ class Agent:
         try:
             for kind in kinds:
                 view = config_view(kind, config)
+                if self.dra is not None:
+                    view = kind.for_dra(view)
                 discover = functools.partial(kind.discover, view, self.backends, self.config_source)
                 found = await off_loop(discover, f"{kind.name}-discovery")
                 made.append(kind.build(found, view, self._context(kind, config)))
@@ -180,6 +207,8 @@ class Agent:
             now = [r for n, f in self.families.items() for r in built.get(n, f).resources()]
             try:
                 manager.check(now)
+                if self.dra is not None:
+                    _check_drivers([built.get(n, f) for n, f in self.families.items()])
             except BaseException:
                 await _close(fresh)
                 raise
@@ -264,6 +293,13 @@ async def _close(families: Sequence[Family]) -> None:
     """Give back what the discoveries of families that will never run took."""
     for family in families:
         await family.close()
+
+
+def _check_drivers(families: Sequence[Family]) -> None:
+    """Raise ConfigError if two families would serve one DRA driver."""
+    drivers = [f.dra().driver for f in families]
+    if len(set(drivers)) != len(drivers):
+        raise ConfigError("--families", ",".join(f.name for f in families), "one DRA driver each")
 
 
 def _task(family: Family) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -130,13 +130,19 @@ class ApiClient:
         )
 
     async def watch(
-        self, path: str, resource_version: str = "", timeout_s: int = WATCH_TIMEOUT_S
-    ) -> AsyncIterator[WatchEvent]:
+        self,
+        path: str,
+        resource_version: str = "",
+        timeout_s: int = WATCH_TIMEOUT_S,
+        query: Mapping[str, str] | None = None,
+    ) -> AsyncGenerator[WatchEvent, None]:
         """The changes to a collection after `resource_version` (from its list), with
-        bookmarks, until the server ends the watch after `timeout_s`. An ERROR line is
+        bookmarks, until the server ends the watch after `timeout_s`; `query` adds to the
+        parameters (`fieldSelector`: the query of `path`, if any, is not kept). An ERROR line is
         raised: GoneError for 410 (list again), ApiError otherwise; UnreachableError for
         a connection lost. Close it (`contextlib.aclosing`) when leaving early."""
         params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
+        params.update(query or {})
         if resource_version:
             params["resourceVersion"] = resource_version
         # Lines may be minutes apart: only the end of the watch itself is awaited longer.

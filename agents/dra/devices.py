@@ -54,9 +54,16 @@ class DraDevices:
     driver: str  # gpu.nvidia.com
     devices: tuple[DraDevice, ...]
     taint: Callable[[str | None], Taint]
+    # An opaque claim config's parameters: None if the driver takes them, else why not.
+    accepts: Callable[[Mapping[str, object]], str | None] = field(default=lambda _: NO_CONFIG)
 
 
-def pci_attributes(pci: str, location: PciLocation | None, numa: int | None) -> dict[str, AttributeValue]:
+NO_CONFIG = "this driver takes no opaque configuration"
+
+
+def pci_attributes(
+    pci: str, location: PciLocation | None, numa: int | None
+) -> dict[str, AttributeValue]:
     """The standard PCI attributes and our switch attribute of a device at `pci`:
     bus ID, root complex, NUMA node (left out when unknown) and, only where a PCIe switch
     lies between the device and its root port, that root port."""

@@ -29,6 +29,9 @@ class Gpu:
     nvlink_peers: tuple[str, ...]  # UUIDs of peer GPUs, once per link
     location: PciLocation | None
     nvswitch_links: int = 0  # NVLinks to the node's NVSwitch fabric
+    brand: str = ""  # as NVML names it: "Nvidia"; "" unknown
+    architecture: str = ""  # "Hopper"
+    compute_capability: str = ""  # "9.0"
 
 
 def discover(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
@@ -74,6 +77,9 @@ def _gpu(info: GpuInfo, by_bus: dict[str, str], sysfs: Sysfs) -> Gpu:
         nvlink_peers=peers,
         location=location,
         nvswitch_links=info.nvswitch_links,
+        brand=info.brand,
+        architecture=info.architecture,
+        compute_capability=info.compute_capability,
     )
 
 

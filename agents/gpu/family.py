@@ -15,8 +15,10 @@ from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
+from agents.dra.devices import DraDevices
 from agents.errors import BackendError
 from agents.family import Family, HealthSink, Located
+from agents.gpu import dra
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
@@ -51,6 +53,7 @@ class GpuFamily:
     ) -> None:
         self._nvml = nvml
         self._held = found.held  # an NVML initialisation to give back
+        self._driver = found.driver
         self._sink = health  # told of each evaluation; must not block
         self._config = config
         self.gpus = list(found.gpus)
@@ -151,6 +154,18 @@ class GpuFamily:
                     )
                 )
         return states
+
+    def dra(self) -> DraDevices:
+        """Each served whole GPU and MIG instance (not one taken off the node), under the
+        resource that serves it."""
+        served = [
+            (r.name, u)
+            for r in self._resources
+            for u in r.plan.units
+            if u.gpu_uuid not in self._gone
+        ]
+        found = dra.devices(self.gpus, served, self._driver)
+        return DraDevices(dra.DRIVER, found, dra.taint, dra.accepts)
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, GpuFamily):

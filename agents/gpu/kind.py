@@ -3,18 +3,20 @@ only (GPUs, resource plans, MIG capability devices); then built on the loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from agents.backends import Backends
-from agents.config import Config
+from agents.config import Config, Sharing
 from agents.core.ledger import GPU
 from agents.errors import BackendError
 from agents.family import Context
 from agents.gpu.discovery import Gpu, discover
+from agents.gpu.dra import Driver
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import ResourcePlan, plan_resources
 from agents.hw.nvidia_caps import mig_cap_devices
@@ -38,6 +40,7 @@ class GpusFound:
     mig_caps: dict[str, tuple[str, ...]]  # MIG UUID -> its capability devices
     dev_root: str  # "" on a real node
     held: bool
+    driver: Driver = field(default_factory=Driver)  # its versions; "" unknown
 
 
 def discover_gpus(
@@ -54,6 +57,7 @@ def discover_gpus(
         return GpusFound((), (), {}, root, held=False)
     try:
         gpus = waited(lambda: discover(nvml, sysfs), START_WAIT_S, "discovery")
+        driver = waited(lambda: _driver(nvml), START_WAIT_S, "driver versions")
         plans = plan_resources(gpus, config, source)
         flags = config.flags
         caps = (
@@ -65,7 +69,19 @@ def discover_gpus(
         give_back(nvml)
         raise
     log.info("gpus_discovered", count=len(gpus), resources=[p.name for p in plans])
-    return GpusFound(tuple(gpus), tuple(plans), caps, root, held=True)
+    return GpusFound(tuple(gpus), tuple(plans), caps, root, held=True, driver=driver)
+
+
+def _driver(nvml: Nvml) -> Driver:
+    """The driver's versions; one NVML will not give is "" (and left out of DRA)."""
+    versions = []
+    for what, call in (("driver", nvml.driver_version), ("cuda", nvml.cuda_driver_version)):
+        try:
+            versions.append(call())
+        except BackendError as exc:
+            log.warning("nvml_version_unreadable", version=what, error=str(exc))
+            versions.append("")
+    return Driver(*versions)
 
 
 def give_back(nvml: Nvml) -> None:
@@ -102,6 +118,36 @@ class GpuKind:
 
     def discover(self, config: Config, backends: Backends, source: str) -> GpusFound:
         return discover_gpus(backends.nvml, backends.sysfs, config, source, backends.dev_root)
+
+    def for_dra(self, config: Config) -> Config:
+        """Under DRA a MIG-enabled GPU offers its instances and any other GPU itself, each
+        named by UUID in the environment with its device nodes; claims share GPUs, so
+        time-slicing and the keys that choose otherwise are ignored, one warning each."""
+        flags, default = config.flags, Config.default()
+        ignored = [
+            key
+            for key, set_ in (
+                ("sharing.timeSlicing", config.sharing != default.sharing),
+                ("migStrategy", flags.mig_strategy != default.flags.mig_strategy),
+                (
+                    "deviceListStrategy",
+                    flags.device_list_strategy != default.flags.device_list_strategy,
+                ),
+                ("deviceIDStrategy", flags.device_id_strategy != default.flags.device_id_strategy),
+                ("passDeviceSpecs", flags.pass_device_specs != default.flags.pass_device_specs),
+            )
+            if set_
+        ]
+        for key in ignored:
+            log.warning("dra_ignores_key", key=key, family=self.name)
+        dra_flags = dataclasses.replace(
+            flags,
+            mig_strategy="mixed",
+            device_list_strategy=frozenset({"envvar"}),
+            device_id_strategy="uuid",
+            pass_device_specs=True,
+        )
+        return dataclasses.replace(config, flags=dra_flags, sharing=Sharing())
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
         return GpuFamily(

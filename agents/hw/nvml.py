@@ -17,12 +17,48 @@ NVLINK_REMOTE_NVSWITCH = 2
 NVSWITCH_BUS_ID = "FFFFFFFF:FF:FF.0"
 
 
+# NVML's nvmlBrandType_t and nvmlDeviceArchitecture_t, by value, as DRA attributes name them.
+BRANDS = (
+    *("Unknown", "Quadro", "Tesla", "NVS", "Grid", "GeForce", "Titan", "NvidiaVApps"),
+    *("NvidiaVPC", "NvidiaVCS", "NvidiaVWS", "NvidiaCloudGaming", "QuadroRTX", "NvidiaRTX"),
+    *("Nvidia", "GeForceRTX", "TitanRTX"),
+)
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+}
+
+
+@dataclass(frozen=True)
+class MigEngines:
+    """What one MIG instance holds, as NVML reports its attributes."""
+
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
+    memory_mib: int = 0
+
+
 @dataclass(frozen=True)
 class MigInstance:
     uuid: str  # MIG-...
     profile: str  # e.g. "1g.10gb"
     gpu_instance: int  # NVML's GPU instance ID on its GPU
     compute_instance: int  # NVML's compute instance ID within that GPU instance
+    gi_profile_id: int = 0  # the GPU instance's profile ID (nvmlGpuInstanceInfo_t.profileId)
+    placement_start: int = 0  # its placement on the GPU, in memory slices
+    placement_size: int = 0
+    engines: MigEngines = MigEngines()
 
 
 @dataclass(frozen=True)
@@ -40,6 +76,9 @@ class GpuInfo:
     mig_instances: tuple[MigInstance, ...]
     nvlink_peers: tuple[str, ...]  # PCI bus IDs (NVML form) of NVLink peers, one per link
     nvswitch_links: int = 0  # active NVLinks that end at an NVSwitch
+    brand: str = ""  # BRANDS' name of NVML's brand: "Nvidia"
+    architecture: str = ""  # ARCHITECTURES' name: "Hopper"
+    compute_capability: str = ""  # CUDA compute capability: "9.0"
 
 
 @dataclass(frozen=True)
@@ -48,6 +87,11 @@ class NvLink:
 
     remote_type: int | None  # NVLINK_REMOTE_*; None where NVML does not say
     remote_bus_id: str
+
+
+def cuda_version_text(version: int) -> str:
+    """NVML's CUDA driver version (12040) as the version it names: "12.4"."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def nvlink_ends(links: Iterable[NvLink]) -> tuple[tuple[str, ...], int]:
@@ -106,6 +150,10 @@ class Nvml(Protocol):
     def shutdown(self) -> None: ...
 
     def driver_version(self) -> str: ...
+
+    def cuda_driver_version(self) -> str:
+        """The CUDA version the driver supports, "12.4"."""
+        ...
 
     def gpus(self) -> Sequence[GpuInfo]: ...
 

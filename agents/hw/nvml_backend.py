@@ -9,7 +9,7 @@ import pynvml
 import structlog
 
 from agents.errors import BackendError
-from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent
+from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent, cuda_version_text
 from agents.hw.nvml_events import NvmlEvents
 from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, text, translated
 
@@ -62,6 +62,10 @@ class NvmlBackend:
     def driver_version(self) -> str:
         with translated("reading the driver version"):
             return text(self._lib.nvmlSystemGetDriverVersion())
+
+    def cuda_driver_version(self) -> str:
+        with translated("reading the CUDA driver version"):
+            return cuda_version_text(int(self._lib.nvmlSystemGetCudaDriverVersion()))
 
     def gpus(self) -> Sequence[GpuInfo]:
         """Every GPU NVML lists; one whose UUID NVML will not give is left out."""

@@ -13,7 +13,15 @@ import structlog
 
 from agents.core.mig import mig_profile_name
 from agents.errors import BackendError
-from agents.hw.nvml import GpuInfo, MigInstance, NvLink, nvlink_ends
+from agents.hw.nvml import (
+    ARCHITECTURES,
+    BRANDS,
+    GpuInfo,
+    MigEngines,
+    MigInstance,
+    NvLink,
+    nvlink_ends,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +98,21 @@ class GpuReader:
             mig_instances=instances,
             nvlink_peers=peers,
             nvswitch_links=switch_links,
+            brand=self._read(
+                index, "brand", "", lambda: _named(BRANDS, lib.nvmlDeviceGetBrand(handle))
+            ),
+            architecture=self._read(
+                index,
+                "architecture",
+                "",
+                lambda: ARCHITECTURES.get(int(lib.nvmlDeviceGetArchitecture(handle)), "Unknown"),
+            ),
+            compute_capability=self._read(
+                index,
+                "compute_capability",
+                "",
+                lambda: "{}.{}".format(*lib.nvmlDeviceGetCudaComputeCapability(handle)),
+            ),
         )
 
     def _read(self, index: int, what: str, default: Any, call: Any) -> Any:
@@ -123,12 +146,26 @@ class GpuReader:
                 int(attrs.memorySizeMB),
                 memory_bytes,
             )
+            gi = int(lib.nvmlDeviceGetGpuInstanceId(mig))
+            info = lib.nvmlGpuInstanceGetInfo(lib.nvmlDeviceGetGpuInstanceById(handle, gi))
             out.append(
                 MigInstance(
                     uuid=text(lib.nvmlDeviceGetUUID(mig)),
                     profile=profile,
-                    gpu_instance=int(lib.nvmlDeviceGetGpuInstanceId(mig)),
+                    gpu_instance=gi,
                     compute_instance=int(lib.nvmlDeviceGetComputeInstanceId(mig)),
+                    gi_profile_id=int(info.profileId),
+                    placement_start=int(info.placement.start),
+                    placement_size=int(info.placement.size),
+                    engines=MigEngines(
+                        multiprocessors=int(attrs.multiprocessorCount),
+                        copy_engines=int(attrs.sharedCopyEngineCount),
+                        decoders=int(attrs.sharedDecoderCount),
+                        encoders=int(attrs.sharedEncoderCount),
+                        jpeg_engines=int(attrs.sharedJpegCount),
+                        ofa_engines=int(attrs.sharedOfaCount),
+                        memory_mib=int(attrs.memorySizeMB),
+                    ),
                 )
             )
         return tuple(out)
@@ -164,6 +201,11 @@ class GpuReader:
             lambda: text(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId),
         )
         return NvLink(remote_type, bus)
+
+
+def _named(names: tuple[str, ...], value: object) -> str:
+    number = int(value)  # type: ignore[call-overload]
+    return names[number] if 0 <= number < len(names) else "Unknown"
 
 
 def _raiser(exc: BaseException) -> Any:

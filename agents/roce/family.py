@@ -19,9 +19,11 @@ from agents.core.debounce import Debouncer
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
+from agents.dra.devices import DraDevices
 from agents.family import Family, HealthSink, Located
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
+from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.resource import RoceResource
 
@@ -101,6 +103,9 @@ class RoceFamily:
     def labels(self) -> dict[str, str]:
         healthy = sum(1 for d in self._resource.inventory.devices if d.healthy)
         return {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
+
+    def dra(self) -> DraDevices:
+        return DraDevices(dra.DRIVER, dra.devices(self._nics, self._resource.name), dra.taint)
 
     async def run(self) -> None:
         """Keep health and the NIC list current until cancelled."""

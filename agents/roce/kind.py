@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import structlog
+
 from agents.backends import Backends
-from agents.config import Config
+from agents.config import Config, Roce
 from agents.core.ledger import NIC
 from agents.family import Context
 from agents.roce.family import NicsFound, RoceFamily, discover_nics
+
+log = structlog.get_logger(__name__)
 
 
 class RoceKind:
@@ -16,6 +22,15 @@ class RoceKind:
 
     def discover(self, config: Config, backends: Backends, source: str) -> NicsFound:
         return discover_nics(backends.sysfs, config)
+
+    def for_dra(self, config: Config) -> Config:
+        """Under DRA the NICs are the driver's devices, not a named resource: a configured
+        resourceName is ignored, with a warning."""
+        if config.roce.resource_name == Roce().resource_name:
+            return config
+        log.warning("dra_ignores_key", key="roce.resourceName", family=self.name)
+        roce = dataclasses.replace(config.roce, resource_name=Roce().resource_name)
+        return dataclasses.replace(config, roce=roce)
 
     def build(self, found: NicsFound, config: Config, context: Context) -> RoceFamily:
         b = context.backends

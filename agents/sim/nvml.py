@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Sequence
 
+from agents.core.mig import gi_profile
 from agents.core.pci import nvml_bus_id
 from agents.errors import BackendError
 from agents.hw.nvml import (
@@ -21,6 +23,8 @@ from agents.hw.nvml import (
     NVSWITCH_BUS_ID,
     GpuInfo,
     GpuStatus,
+    MigEngines,
+    MigInstance,
     NvLink,
     XidEvent,
     nvlink_ends,
@@ -30,6 +34,22 @@ from agents.tasks import off_loop
 
 XID_FALLEN_OFF_BUS = 79
 DRIVER_VERSION = "550.54.15"
+CUDA_DRIVER_VERSION = "12.4"  # what driver 550 answers
+# What NVML answers for a model, by a word of its name: (architecture, compute capability,
+# streaming multiprocessors per MIG compute slice); brand: NVML_BRAND_NVIDIA for all.
+MODELS = (
+    ("A100", "Ampere", "8.0", 14),
+    ("H100", "Hopper", "9.0", 16),
+    ("H200", "Hopper", "9.0", 16),
+    ("B200", "Blackwell", "10.0", 20),
+    ("L40S", "Ada Lovelace", "8.9", 0),
+    ("T4", "Turing", "7.5", 0),
+)
+_UNKNOWN_MODEL = ("", "Hopper", "9.0", 16)  # a node file's own model name: an H100's
+BRAND = "Nvidia"
+# Engines of a MIG instance by compute slices (copy, decoders, JPEG, OFA), as the driver
+# gives them on A100 and H100; +me profiles add a decoder, a JPEG and an OFA engine.
+_MIG_ENGINES = {1: (1, 0, 0, 0), 2: (2, 1, 0, 0), 3: (3, 2, 0, 0), 4: (4, 2, 0, 0), 7: (7, 5, 1, 1)}
 NVSWITCH_LINKS = 18  # an H100 SXM's NVLinks, all to the NVSwitches of an HGX board
 _ANSWERED = "NotSupported"  # an error name that still means the GPU answered
 
@@ -60,6 +80,10 @@ class SimNvml:
     def driver_version(self) -> str:
         self._require_init()
         return DRIVER_VERSION
+
+    def cuda_driver_version(self) -> str:
+        self._require_init()
+        return CUDA_DRIVER_VERSION
 
     def gpus(self) -> Sequence[GpuInfo]:
         self._require_init()
@@ -148,6 +172,7 @@ def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool)
             if p in by_uuid
         ]
     peers, switch_links = nvlink_ends(links)
+    _, architecture, capability, _ = model(gpu.model)
     return GpuInfo(
         index=index,
         uuid=gpu.uuid,
@@ -156,7 +181,50 @@ def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool)
         memory_mib=gpu.memory_mib,
         minor=gpu.minor,
         mig_enabled=gpu.mig_enabled,
-        mig_instances=gpu.mig_instances if gpu.mig_enabled else (),
+        mig_instances=placed(gpu) if gpu.mig_enabled else (),
         nvlink_peers=peers,
         nvswitch_links=switch_links,
+        brand=BRAND,
+        architecture=architecture,
+        compute_capability=capability,
     )
+
+
+def model(name: str) -> tuple[str, str, str, int]:
+    """MODELS' entry for a GPU model name."""
+    return next((m for m in MODELS if m[0] in name), _UNKNOWN_MODEL)
+
+
+def placed(gpu: GpuSpec) -> tuple[MigInstance, ...]:
+    """The node file's MIG instances as NVML describes them: each profile's GPU instance
+    profile ID as NVML numbers it, placed in the file's order (each starts where the one
+    before it ends), with the engines and memory of its size."""
+    sms = model(gpu.model)[3]
+    total = gpu.memory_mib * 2**20
+    out: list[MigInstance] = []
+    start = 0
+    for mig in gpu.mig_instances:
+        profile_id, size = gi_profile(mig.profile, total)
+        slices = int(mig.profile.split("g.")[0].rsplit(".", 1)[-1])
+        copy, decoders, jpeg, ofa = _MIG_ENGINES.get(slices, (slices, 0, 0, 0))
+        if mig.profile.endswith("+me"):
+            decoders, jpeg, ofa = decoders + 1, jpeg + 1, ofa + 1
+        engines = MigEngines(
+            multiprocessors=sms * slices,
+            copy_engines=copy,
+            decoders=decoders,
+            jpeg_engines=jpeg,
+            ofa_engines=ofa,
+            memory_mib=gpu.memory_mib * size // 8,
+        )
+        out.append(
+            dataclasses.replace(
+                mig,
+                gi_profile_id=profile_id,
+                placement_start=start,
+                placement_size=size,
+                engines=engines,
+            )
+        )
+        start += size
+    return tuple(out)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.deploy.manifests import VARIANTS, kubectl, render
+from tests.deploy.manifests import DAEMONSET_DIR, VARIANTS, kubectl, render
 
 TIMEOUT_S = 60
 
@@ -44,7 +44,8 @@ def scratch_namespace() -> Iterator[str]:
         run_kubectl("delete", "namespace", name, "--wait=false")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+# daemonset/dra needs resource.k8s.io/v1 (Kubernetes >= 1.34) for its DeviceClasses.
+@pytest.mark.parametrize("variant", [*VARIANTS, "daemonset/dra"])
 def test_apiserver_accepts_every_object_in_a_server_side_dry_run(
     variant: str, scratch_namespace: str
 ) -> None:
@@ -60,3 +61,27 @@ def test_apiserver_accepts_every_object_in_a_server_side_dry_run(
     lines = out.stdout.splitlines()
     assert len(lines) == len(objs)
     assert all(line.endswith("(server dry run)") for line in lines), lines
+
+
+def test_apiserver_accepts_the_dra_examples_in_a_server_side_dry_run(
+    scratch_namespace: str,
+) -> None:
+    docs = [
+        yaml.safe_load(path.read_text())
+        for path in sorted((DAEMONSET_DIR / "dra" / "examples").glob("*.yaml"))
+    ]
+    # A pod is admitted only with its namespace's default account, which the
+    # controller-manager makes; an apiserver alone (no controllers) has none.
+    run_kubectl("create", "serviceaccount", "default", "-n", scratch_namespace)
+    out = run_kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        scratch_namespace,
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all(docs, sort_keys=False),
+    )
+    print(out.stdout)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == len(docs)

@@ -288,8 +288,13 @@ def node_terms(objs: list[Obj]) -> list[list[tuple[str, str, tuple[str, ...]]]]:
     ]
 
 
+# Every device-plugin variant keeps off the nodes daemonset/dra serves: a node serves its
+# devices through one API only (tests/deploy/test_dra_overlay.py checks both sides).
+NOT_DRA = ("node-agents.io/api", "NotIn", ("dra",))
+
+
 def any_of(*labels: str) -> list[list[tuple[str, str, tuple[str, ...]]]]:
-    return [[(label, "In", ("true",))] for label in labels]
+    return [[(label, "In", ("true",)), NOT_DRA] for label in labels]
 
 
 def test_base_runs_every_family_on_nodes_labelled_as_gpu_nodes_by_nfd_gfd_or_us() -> None:

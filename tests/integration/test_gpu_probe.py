@@ -51,6 +51,9 @@ class SteppedNvml:
     def driver_version(self) -> str:
         return self._inner.driver_version()
 
+    def cuda_driver_version(self) -> str:
+        return self._inner.cuda_driver_version()
+
     def gpus(self) -> Sequence[GpuInfo]:
         return self._inner.gpus()
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
+from agents.hw.nvml import ARCHITECTURES
 from agents.sim.node import GpuSpec, NodeSpec
+from agents.sim.nvml import model, placed
 from tests.nvml.state import (
     ERRORS,
     NVLINK_GPU,
@@ -95,8 +97,10 @@ def from_sim_node(node: NodeSpec) -> NvmlNode:
     for index, spec in enumerate(node.gpus):
         if spec.mig_enabled:
             out.enable_mig(index, [m.profile for m in spec.mig_instances])
-            for mig, inst in zip(out.gpus[index].migs, spec.mig_instances, strict=True):
+            # Placed as the simulator places them, in the file's order.
+            for mig, inst in zip(out.gpus[index].migs, placed(spec), strict=True):
                 mig.uuid = inst.uuid
+                mig.start, mig.size = inst.placement_start, inst.placement_size
         for xid in spec.xids:  # already in the file: history, not news
             out.xid(index, xid)
     return out
@@ -107,9 +111,13 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
         links = [(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * NVSWITCH_LINKS
     else:
         links = [(NVLINK_GPU, nvml_bus_id(by_uuid[p].pci)) for p in spec.nvlinks if p in by_uuid]
+    _, architecture, capability, _ = model(spec.model)
+    major, minor = capability.split(".")
     return Gpu(
         uuid=spec.uuid,
         name=spec.model,
+        arch=next(n for n, name in ARCHITECTURES.items() if name == architecture),
+        cc=int(major) * 10 + int(minor),
         bus=nvml_bus_id(spec.pci),
         memory=spec.memory_mib * 2**20,
         minor=spec.minor,

@@ -1,7 +1,8 @@
 """An API-server stand-in on a loopback port: the paths, JSON and status codes the agent
-uses (Events, `nodes/{name}/status` patches, lists and `?watch=1` streams), kept-alive
-connections that it counts, injected errors, and the two ways a real one is unreachable:
-connections refused, and connections that never get an answer.
+uses (Events, `nodes/{name}/status` patches, `resource.k8s.io/v1` ResourceSlices and
+ResourceClaims, lists with selectors and `?watch=1` streams), kept-alive connections and
+requests per verb that it counts, injected errors, a slow answer, and the two ways a real
+one is unreachable: connections refused, and connections that never get an answer.
 
 `python -m tests.standin.apiserver --port N [--node NAME] [--mode up|refuse|hang]`
 serves until killed (the bench runs it so)."""
@@ -18,11 +19,21 @@ from collections import deque
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from tests.standin.apistore import Obj, StatusError, Store
+from tests.standin.apistore import Match, Obj, StatusError, Store, everything
 
 UP, REFUSE, HANG = "up", "refuse", "hang"
 NODES_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+)(/status)?)?$")
 EVENTS_PATH = re.compile(r"^/api/v1/(?:namespaces/([^/]+)/)?events(?:/([^/]+))?$")
+SLICES_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/([^/]+))?$")
+CLAIMS_PATH = re.compile(
+    r"^/apis/resource\.k8s\.io/v1/(?:namespaces/([^/]+)/)?resourceclaims(?:/([^/]+))?$"
+)
+RESOURCE = re.compile(r"^/apis?/(?:[^/]+/)*?(?:namespaces/[^/]+/)?([a-z]+)(?:/([^/]+)(/\w+)?)?$")
+SLICE_FIELDS = {
+    "metadata.name": ("metadata", "name"),
+    "spec.nodeName": ("spec", "nodeName"),
+    "spec.driver": ("spec", "driver"),
+}
 WATCH_TIMEOUT_S = 1800.0  # a watch without timeoutSeconds ends after this
 BOOKMARK_S = 1.0  # how often an idle watch that allows them gets a BOOKMARK
 
@@ -34,6 +45,23 @@ class Call:
     content_type: str
     code: int
     token: str = ""  # the bearer token it came with
+    watch: bool = False
+
+    @property
+    def resource(self) -> str:
+        """What it was about: "nodes", "nodes/status", "resourceslices", ..."""
+        m = RESOURCE.match(self.path)
+        return (m.group(1) + (m.group(3) or "")) if m else self.path
+
+    @property
+    def verb(self) -> str:
+        """The API server's word for it: get, list, watch, create, update, patch, delete."""
+        m = RESOURCE.match(self.path)
+        named = bool(m and m.group(2))
+        if self.method == "GET":
+            return "watch" if self.watch else "get" if named else "list"
+        verbs = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+        return verbs.get(self.method, "delete" if named else "deletecollection")
 
 
 @dataclass(frozen=True)
@@ -47,7 +75,8 @@ class Request:
     token: str
 
     def call(self, code: int) -> Call:
-        return Call(self.method, self.path, self.content_type, code, self.token)
+        watch = self.query.get("watch") in ("1", "true")
+        return Call(self.method, self.path, self.content_type, code, self.token, watch)
 
 
 class ApiServer:
@@ -64,6 +93,7 @@ class ApiServer:
         self.mode = UP
         self.port = port
         self.bookmark_s = BOOKMARK_S
+        self.delay_s = 0.0  # a slow API server: each answer waits this long
         self._failures: deque[tuple[int, str | None]] = deque()
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
@@ -74,6 +104,10 @@ class ApiServer:
     @property
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def count(self, verb: str, resource: str) -> int:
+        """How many requests of `verb` on `resource` were answered."""
+        return sum(1 for c in self.calls if c.verb == verb and c.resource == resource)
 
     @property
     def open_connections(self) -> int:
@@ -138,9 +172,11 @@ class ApiServer:
                     self._held.add(writer)
                     await reader.read()  # until the client gives up or the mode changes
                     return
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
                 watched = _watched(request)
                 if watched is not None:
-                    await self._watch(request, *watched, reader, writer)
+                    await self._watch(request, watched, reader, writer)
                 else:
                     await self._reply(request, writer)
                 if request.close:
@@ -173,6 +209,8 @@ class ApiServer:
             self._injected(request.method)
             if not isinstance(request.body, dict) and request.method in ("POST", "PATCH"):
                 raise StatusError(400, "BadRequest", "the body is no JSON object")
+            if request.path.startswith("/apis/"):
+                return self._resources(request)
             return self._route(request)
         except StatusError as exc:
             return exc.code, exc.status()
@@ -206,16 +244,42 @@ class ApiServer:
                 return 200, self.store.delete_event(namespace, name)
         raise StatusError(404, "NotFound", f"the server could not find {method} {path}")
 
+    def _resources(self, request: Request) -> tuple[int, Obj]:
+        """The `resource.k8s.io/v1` paths: ResourceSlices, and reading ResourceClaims."""
+        method, path = request.method, request.path
+        if m := SLICES_PATH.match(path):
+            return self._slices(request, m.group(1))
+        if (m := CLAIMS_PATH.match(path)) and method == "GET" and m.group(1) and m.group(2):
+            return 200, self.store.claim(m.group(1), m.group(2))
+        raise StatusError(404, "NotFound", f"the server could not find {method} {path}")
+
+    def _slices(self, request: Request, name: str | None) -> tuple[int, Obj]:
+        method, body = request.method, request.body if isinstance(request.body, dict) else {}
+        if name is None:
+            if method == "GET":
+                return 200, self.store.slice_list(_selected(request))
+            if method == "POST":
+                return 201, self.store.create_slice(body)
+        elif method == "GET":
+            return 200, self.store.slice(name)
+        elif method == "PUT":
+            if not isinstance(request.body, dict):
+                raise StatusError(400, "BadRequest", "the body is no JSON object")
+            return 200, self.store.update_slice(name, body)
+        elif method == "DELETE":
+            return 200, self.store.delete_slice(name)
+        raise StatusError(405, "MethodNotAllowed", f"the server does not allow {method}")
+
     async def _watch(
         self,
         request: Request,
-        kind: str,
-        namespace: str | None,
+        watched: tuple[str, str | None, Match],
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
         """A `?watch=1` stream of JSON lines until timeoutSeconds, either side closing,
         or a 410 for a resourceVersion older than the history kept."""
+        kind, namespace, match = watched
         try:
             self._injected(request.method)
         except StatusError as exc:
@@ -231,7 +295,7 @@ class ApiServer:
         bookmarks = request.query.get("allowWatchBookmarks") == "true"
         since = request.query.get("resourceVersion", "")
         if since in ("", "0"):
-            for obj in self.store.objects(kind, namespace):
+            for obj in self.store.objects(kind, namespace, match):
                 _line(writer, "ADDED", obj)
             since = str(self.store.version)
         version = int(since)
@@ -241,7 +305,7 @@ class ApiServer:
             while True:
                 wake.clear()
                 try:
-                    changes = self.store.changes_since(version, kind, namespace)
+                    changes = self.store.changes_since(version, kind, namespace, match)
                 except StatusError as exc:
                     _line(writer, "ERROR", exc.status())
                     break
@@ -265,16 +329,55 @@ class ApiServer:
         await writer.drain()
 
 
-def _watched(request: Request) -> tuple[str, str | None] | None:
-    """The kind and namespace (None: all) a `?watch=1` request watches; None for any
-    other request."""
+def _watched(request: Request) -> tuple[str, str | None, Match] | None:
+    """The kind, namespace (None: all) and selection a `?watch=1` request watches; None
+    for any other request."""
     if request.method != "GET" or request.query.get("watch") not in ("1", "true"):
         return None
     if (m := NODES_PATH.match(request.path)) and m.group(1) is None:
-        return "Node", None
+        return "Node", None, everything
     if (m := EVENTS_PATH.match(request.path)) and m.group(2) is None:
-        return "Event", m.group(1)
+        return "Event", m.group(1), everything
+    if (m := SLICES_PATH.match(request.path)) and m.group(1) is None:
+        return "ResourceSlice", None, _selected(request)
     return None
+
+
+def _selected(request: Request) -> Match:
+    """The `fieldSelector` (of ResourceSlice fields) and `labelSelector` (equality terms
+    and bare keys) of a list or watch; 400 for a field the API server cannot select."""
+    fields: list[tuple[tuple[str, str], str, bool]] = []
+    for term in filter(None, request.query.get("fieldSelector", "").split(",")):
+        key, equal, value = _term(term)
+        if key not in SLICE_FIELDS or value is None:
+            raise StatusError(400, "BadRequest", f'field label not supported: "{key}"')
+        fields.append((SLICE_FIELDS[key], value, equal))
+    labels = [_term(t) for t in filter(None, request.query.get("labelSelector", "").split(","))]
+
+    def match(obj: Obj) -> bool:
+        for (part, key), value, equal in fields:
+            if (str(obj.get(part, {}).get(key) or "") == value) != equal:
+                return False
+        have = obj.get("metadata", {}).get("labels") or {}
+        for key, equal, value in labels:
+            if value is None:
+                if (key in have) != equal:
+                    return False
+            elif (have.get(key) == value) != equal:
+                return False
+        return True
+
+    return match
+
+
+def _term(term: str) -> tuple[str, bool, str | None]:
+    """`k=v`, `k==v` or `k!=v` as (k, equal, v); a bare `k` or `!k` (labels: has k, has
+    no k) as (k, True or False, None)."""
+    for op, equal in (("!=", False), ("==", True), ("=", True)):
+        if op in term:
+            key, _, value = term.partition(op)
+            return key.strip(), equal, value.strip()
+    return term.strip().lstrip("!"), not term.strip().startswith("!"), None
 
 
 def _bookmark(kind: str, version: int) -> Obj:

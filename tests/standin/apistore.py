@@ -1,13 +1,18 @@
-"""The objects of the API-server stand-in: Nodes and Events, with the API server's own
-answers (Status objects, 404/409/410/415/422), its patch semantics for them, and the
-history of changes that watches read from a resourceVersion on."""
+"""The objects of the API-server stand-in: Nodes, Events, ResourceSlices and
+ResourceClaims, with the API server's own answers (Status objects, 404/409/410/415/422),
+its patch and update semantics for them, and the history of changes that watches read
+from a resourceVersion on."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import itertools
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.standin.slicecheck import API_VERSION, invalid_message, slice_errors
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
@@ -18,12 +23,13 @@ Obj = dict[str, Any]
 class StatusError(Exception):
     """An answer other than success, as the API server words it (a v1 Status)."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        self.code, self.reason = code, reason
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        self.code, self.reason, self.details = code, reason, details
         super().__init__(message)
 
     def status(self) -> Obj:
-        return {
+        extra = {"details": self.details} if self.details else {}
+        return extra | {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -82,8 +88,20 @@ class Change:
     namespace: str | None  # None for a cluster-scoped object (a Node)
     obj: Obj  # as it was then
 
-    def matches(self, kind: str, namespace: str | None) -> bool:
-        return self.kind == kind and namespace in (None, self.namespace)
+    def matches(self, kind: str, namespace: str | None, match: Match) -> bool:
+        return self.kind == kind and namespace in (None, self.namespace) and match(self.obj)
+
+
+Match = Callable[[Obj], bool]  # a field and label selector's choice
+
+
+def everything(_: Obj) -> bool:
+    return True
+
+
+SLICES = "resourceslices.resource.k8s.io"
+CLAIMS = "resourceclaims.resource.k8s.io"
+NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # what generateName appends five of
 
 
 @dataclass
@@ -95,6 +113,12 @@ class Store:
     version: int = 0  # the newest resourceVersion given out
     compacted: int = 0  # a watch from before this version is answered 410 Gone
     listeners: list[Callable[[], None]] = field(default_factory=list)  # told of each change
+    slices: dict[str, Obj] = field(default_factory=dict)
+    claims: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    # False: as an API server without the DRADeviceTaints gate (alpha in v1.34), which
+    # drops devices' taints from what it stores without a word.
+    device_taints: bool = True
+    _uids: itertools.count[int] = field(default_factory=itertools.count)
 
     def add_node(self, name: str) -> Obj:
         node = {
@@ -192,31 +216,162 @@ class Store:
         items = [e for (ns, _), e in self.events.items() if namespace in (None, ns)]
         return self._list("EventList", items)
 
+    def create_slice(self, obj: Obj) -> Obj:
+        """POST a ResourceSlice: a name from `generateName` if it has none, then checked,
+        then stored with the server's own fields."""
+        stored = self._slice_body(obj)
+        meta = stored["metadata"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(random.choices(NAME_CHARS, k=5))
+        if errors := slice_errors(stored):
+            raise StatusError(422, "Invalid", *invalid_message(meta.get("name") or "", errors))
+        name = meta["name"]
+        if name in self.slices:
+            raise StatusError(409, "AlreadyExists", f'{SLICES} "{name}" already exists')
+        meta.update(
+            uid=f"uid-slice-{next(self._uids)}",
+            generation=1,
+            creationTimestamp="2025-01-01T00:00:00Z",
+            resourceVersion=self._rv(),
+        )
+        self.slices[name] = stored
+        self._changed("ADDED", "ResourceSlice", None, stored)
+        return stored
+
+    def update_slice(self, name: str, obj: Obj) -> Obj:
+        """PUT a ResourceSlice: 409 Conflict if its resourceVersion is not the stored one
+        (none given: unconditional), generation + 1 when the spec changed."""
+        old = self.slice(name)
+        stored = self._slice_body(obj)
+        meta = stored["metadata"]
+        if meta.get("name") != name:
+            raise StatusError(400, "BadRequest", "the name of the object does not match")
+        version = meta.get("resourceVersion")
+        if version and version != old["metadata"]["resourceVersion"]:
+            raise StatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {SLICES} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        if errors := slice_errors(stored, old):
+            raise StatusError(422, "Invalid", *invalid_message(name, errors))
+        generation = old["metadata"]["generation"] + (stored["spec"] != old["spec"])
+        kept = {k: old["metadata"][k] for k in ("uid", "creationTimestamp")}
+        meta.update(kept, generation=generation, resourceVersion=self._rv())
+        self.slices[name] = stored
+        self._changed("MODIFIED", "ResourceSlice", None, stored)
+        return stored
+
+    def slice(self, name: str) -> Obj:
+        try:
+            return self.slices[name]
+        except KeyError:
+            raise StatusError(404, "NotFound", f'{SLICES} "{name}" not found') from None
+
+    def delete_slice(self, name: str) -> Obj:
+        found = self.slice(name)
+        del self.slices[name]
+        self._changed("DELETED", "ResourceSlice", None, found, self._rv())
+        return found
+
+    def delete_node_slices(self, node: str) -> list[str]:
+        """Delete the slices of `node`, as the kubelet does when it starts."""
+        names = [n for n, s in self.slices.items() if s["spec"].get("nodeName") == node]
+        for name in names:
+            self.delete_slice(name)
+        return names
+
+    def slice_list(self, match: Match = everything) -> Obj:
+        items = [s for s in self.slices.values() if match(s)]
+        return self._list("ResourceSliceList", items, API_VERSION)
+
+    def put_claim(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        results: Iterable[Obj] | None,
+        config: Iterable[Obj] = (),
+    ) -> Obj:
+        """Store a ResourceClaim as the scheduler leaves it: allocated to `results`
+        ({request, driver, pool, device, adminAccess?}) with `config`, or, for None,
+        not allocated."""
+        status: Obj = {}
+        if results is not None:
+            devices = {"results": list(results), "config": list(config)}
+            status = {"allocation": {"devices": devices}}
+        claim = {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "resourceVersion": self._rv(),
+            },
+            "spec": {"devices": {"requests": []}},
+            "status": status,
+        }
+        self.claims[namespace, name] = claim
+        self._changed("ADDED", "ResourceClaim", namespace, claim)
+        return claim
+
+    def claim(self, namespace: str, name: str) -> Obj:
+        try:
+            return self.claims[namespace, name]
+        except KeyError:
+            raise StatusError(404, "NotFound", f'{CLAIMS} "{name}" not found') from None
+
+    def _slice_body(self, obj: Obj) -> Obj:
+        if obj.get("apiVersion") != API_VERSION or obj.get("kind") != "ResourceSlice":
+            raise StatusError(
+                400,
+                "BadRequest",
+                f"the API version in the data ({obj.get('apiVersion')}) does not match "
+                f"the expected API version ({API_VERSION})",
+            )
+        stored = copy.deepcopy(obj)
+        stored.setdefault("metadata", {})
+        stored.setdefault("spec", {})
+        for device in stored["spec"].get("devices") or []:
+            if not self.device_taints:
+                device.pop("taints", None)
+            for taint in device.get("taints") or []:
+                taint.setdefault("timeAdded", "2025-01-01T00:00:00Z")  # its default
+        return stored
+
     def node_list(self) -> Obj:
         return self._list("NodeList", list(self.nodes.values()))
 
-    def objects(self, kind: str, namespace: str | None) -> list[Obj]:
+    def objects(self, kind: str, namespace: str | None, match: Match = everything) -> list[Obj]:
         """What a watch from no resourceVersion starts with, as ADDED."""
+        if kind == "ResourceSlice":
+            return list(self.slice_list(match)["items"])
         listed = self.node_list() if kind == "Node" else self.event_list(namespace)
         return list(listed["items"])
 
-    def changes_since(self, version: int, kind: str, namespace: str | None) -> list[Change]:
+    def changes_since(
+        self, version: int, kind: str, namespace: str | None, match: Match = everything
+    ) -> list[Change]:
         """The changes after `version`; 410 Gone if some of them were compacted away."""
         if version < self.compacted:
             raise StatusError(
                 410, "Expired", f"too old resource version: {version} ({self.compacted})"
             )
-        return [c for c in self.history if c.version > version and c.matches(kind, namespace)]
+        return [
+            c for c in self.history if c.version > version and c.matches(kind, namespace, match)
+        ]
 
     def compact(self) -> None:
         """Forget the history, as the API server's etcd compaction does."""
         self.history.clear()
         self.compacted = self.version
 
-    def _list(self, kind: str, items: list[Obj]) -> Obj:
+    def _list(self, kind: str, items: list[Obj], api_version: str = "v1") -> Obj:
         return {
             "kind": kind,
-            "apiVersion": "v1",
+            "apiVersion": api_version,
             "metadata": {"resourceVersion": str(self.version)},
             "items": copy.deepcopy(items),
         }

@@ -91,3 +91,79 @@ def test_a_version_from_before_a_compaction_is_gone() -> None:
         store.changes_since(old, "Node", None)
     assert (err.value.code, err.value.reason) == (410, "Expired")
     assert store.changes_since(store.version, "Node", None) == []
+
+
+def _slice(devices: list[dict[str, object]], **meta: object) -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": meta or {"name": "n-gpu-0"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": "n",
+            "pool": {"name": "n", "generation": 0, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def test_slice_generate_name_conflict_and_generation() -> None:
+    store = Store()
+    made = store.create_slice(_slice([{"name": "gpu-0"}], generateName="n-gpu-"))
+    name = made["metadata"]["name"]
+    assert name.startswith("n-gpu-") and len(name) == len("n-gpu-") + 5
+    assert made["metadata"]["generation"] == 1
+    stale = dict(made, metadata=dict(made["metadata"]))
+    changed = store.update_slice(name, dict(made, spec={**made["spec"], "devices": []}))
+    assert changed["metadata"]["generation"] == 2
+    with pytest.raises(StatusError) as err:
+        store.update_slice(name, stale)  # its resourceVersion is the old one
+    assert (err.value.code, err.value.reason) == (409, "Conflict")
+
+
+@pytest.mark.parametrize(
+    ("device", "field"),
+    [
+        ({"name": "GPU_0"}, "spec.devices[0].name"),
+        (
+            {"name": "d", "attributes": {"a": {"int": 1, "string": "x"}}},
+            "spec.devices[0].attributes[a]",
+        ),
+        (
+            {"name": "d", "attributes": {"a": {"string": "x" * 65}}},
+            "spec.devices[0].attributes[a].string",
+        ),
+        (
+            {"name": "d", "attributes": {"a": {"version": "12.4"}}},
+            "spec.devices[0].attributes[a].version",
+        ),
+        ({"name": "d", "attributes": {f"a{i}": {"int": i} for i in range(33)}}, "spec.devices[0]"),
+        (
+            {"name": "d", "taints": [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(5)]},
+            "spec.devices[0].taints",
+        ),
+        (
+            {"name": "d", "taints": [{"key": "k", "effect": "Sometimes"}]},
+            "spec.devices[0].taints[0].effect",
+        ),
+    ],
+    ids=["name", "two-values", "long-string", "not-semver", "33-attributes", "5-taints", "effect"],
+)
+def test_invalid_slices_are_refused_with_the_field(device: dict[str, object], field: str) -> None:
+    with pytest.raises(StatusError) as err:
+        Store().create_slice(_slice([device]))
+    assert err.value.code == 422
+    assert field in [c["field"] for c in err.value.status()["details"]["causes"]]
+
+
+def test_129_devices_are_too_many_for_one_slice() -> None:
+    with pytest.raises(StatusError) as err:
+        Store().create_slice(_slice([{"name": f"d{i}"} for i in range(129)]))
+    assert err.value.code == 422
+
+
+def test_without_the_taints_gate_taints_are_dropped_silently() -> None:
+    store = Store(device_taints=False)
+    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
+    made = store.create_slice(_slice([{"name": "d", "taints": [taint]}]))
+    assert "taints" not in made["spec"]["devices"][0]

@@ -30,6 +30,9 @@ class BlockingNvml:
     def driver_version(self) -> str:
         return "0"
 
+    def cuda_driver_version(self) -> str:
+        return "0"
+
     def gpus(self) -> Sequence[GpuInfo]:
         return []
 

@@ -1,0 +1,184 @@
+"""The claims a driver has prepared, kept in a checksummed file in its plugins directory:
+enough to answer a repeated prepare alike and to write the claims' CDI specs again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.core.device import DeviceSpec
+from agents.dra.atomic_file import write_atomically
+from agents.errors import AgentError
+
+VERSION = 1
+CHECKPOINT = "checkpoint.json"
+CHECKPOINT_MODE = 0o600
+
+
+class CheckpointError(AgentError):
+    """The checkpoint cannot be read: unreadable, not JSON, another version, or a checksum
+    that does not match. A corrupt file has been moved aside to `kept` (None if not)."""
+
+    def __init__(self, path: Path, reason: str, kept: Path | None = None) -> None:
+        self.path = path
+        self.reason = reason
+        self.kept = kept
+        aside = f" (kept as {kept})" if kept is not None else ""
+        super().__init__(f"{path}: {reason}{aside}")
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One result of a claim as prepared: what NodePrepareResources answered for it, and
+    the device nodes its CDI device passes into the container."""
+
+    device: str
+    requests: tuple[str, ...]
+    pool: str
+    cdi_ids: tuple[str, ...]
+    nodes: tuple[DeviceSpec, ...] = ()
+    admin_access: bool = False
+    resource: str = ""  # the family resource that served it, and its ID there: what the
+    device_id: str = ""  # device-plugin API must not hand out while the claim holds it
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A prepared claim: its name, its devices of this driver and their environment."""
+
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class ClaimCheckpoint:
+    """The file at `path`. Blocking file I/O: call it off the event loop."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def corrupt_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".corrupt")
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """Claim UID -> prepared claim; empty when there is no file. CheckpointError when
+        it cannot be used, after moving a corrupt file aside (replacing an older copy)."""
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise CheckpointError(self.path, f"unreadable: {exc}") from exc
+        try:
+            return decode(text, self.path)
+        except CheckpointError as exc:
+            raise CheckpointError(self.path, exc.reason, self._set_aside()) from exc
+
+    def _set_aside(self) -> Path | None:
+        try:
+            self.path.replace(self.corrupt_path)
+        except OSError:
+            return None
+        return self.corrupt_path
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        write_atomically(self.path, encode(claims), CHECKPOINT_MODE)
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
+    data = {"claims": {uid: _claim_data(claim) for uid, claim in sorted(claims.items())}}
+    document = {"version": VERSION, "checksum": _checksum(data), "data": data}
+    return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+
+
+def decode(text: bytes, where: Path) -> dict[str, PreparedClaim]:
+    """Raises CheckpointError for anything that `encode` did not write."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise CheckpointError(where, f"not JSON: {exc}") from exc
+    if not isinstance(document, dict) or document.get("version") != VERSION:
+        version = document.get("version") if isinstance(document, dict) else None
+        raise CheckpointError(where, f"version {version!r}, expected {VERSION}")
+    data: Any = document.get("data")
+    if document.get("checksum") != _checksum(data):
+        raise CheckpointError(where, "checksum does not match the contents")
+    try:
+        return {_str(uid): _claim(claim) for uid, claim in data["claims"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(where, f"malformed claim: {exc!r}") from exc
+
+
+def _checksum(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _claim_data(claim: PreparedClaim) -> dict[str, Any]:
+    return {
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "env": dict(claim.env),
+        "devices": [
+            {
+                "device": d.device,
+                "requests": list(d.requests),
+                "pool": d.pool,
+                "cdiIDs": list(d.cdi_ids),
+                "nodes": [[n.container_path, n.host_path, n.permissions] for n in d.nodes],
+                "adminAccess": d.admin_access,
+                "resource": d.resource,
+                "deviceID": d.device_id,
+            }
+            for d in claim.devices
+        ],
+    }
+
+
+def _claim(data: dict[str, Any]) -> PreparedClaim:
+    env = data["env"]
+    if not isinstance(env, dict):
+        raise TypeError("env is not a map")
+    return PreparedClaim(
+        namespace=_str(data["namespace"]),
+        name=_str(data["name"]),
+        devices=tuple(_device(d) for d in _list(data["devices"])),
+        env={_str(key): _str(value) for key, value in env.items()},
+    )
+
+
+def _device(data: dict[str, Any]) -> PreparedDevice:
+    if not isinstance(data["adminAccess"], bool):
+        raise TypeError("adminAccess is not a boolean")
+    return PreparedDevice(
+        device=_str(data["device"]),
+        requests=_strings(data["requests"]),
+        pool=_str(data["pool"]),
+        cdi_ids=_strings(data["cdiIDs"]),
+        nodes=tuple(DeviceSpec(*_strings(node)) for node in _list(data["nodes"])),
+        admin_access=data["adminAccess"],
+        resource=_str(data.get("resource", "")),
+        device_id=_str(data.get("deviceID", "")),
+    )
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{value!r} is not a list")
+    return value
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(_str(item) for item in _list(value))
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value

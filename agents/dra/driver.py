@@ -1,0 +1,306 @@
+"""One DRA driver's prepare and unprepare: a claim's results checked against the devices
+the driver publishes, their container edits written as a CDI spec, the claim recorded in
+the driver's checkpoint. The gRPC servers (agents/dra/server.py) call this."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from agents.dra.cdi import CdiDevice, CdiSpecs, cdi_ids
+from agents.dra.checkpoint import (
+    CHECKPOINT,
+    CheckpointError,
+    ClaimCheckpoint,
+    PreparedClaim,
+    PreparedDevice,
+)
+from agents.dra.claims import AllocationResult, Claim, ClaimError
+from agents.dra.devices import NO_CONFIG, DraDevice, DraDevices
+from agents.plugin.resource import Resource
+from agents.tasks import off_loop
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+class Store(Protocol):
+    """Where a driver keeps its prepared claims (by claim UID): the checkpoint and the CDI
+    specs. Blocking; called off the event loop."""
+
+    def load(self) -> dict[str, PreparedClaim]: ...
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None: ...
+
+    def write_spec(self, uid: str, claim: PreparedClaim) -> None: ...
+
+    def remove_spec(self, uid: str) -> None: ...
+
+    def specs(self) -> list[str]:
+        """Claim UIDs of the CDI specs present."""
+        ...
+
+
+ReadClaim = Callable[[ClaimRef], Awaitable[Claim]]  # raises ClaimError
+
+
+class ClaimStore:
+    """A driver's checkpoint in `<plugins-dir>/<driver>/` and its specs in the CDI root."""
+
+    def __init__(self, driver: str, plugins_dir: Path, cdi_root: Path) -> None:
+        self.driver = driver
+        self.checkpoint = ClaimCheckpoint(plugins_dir / driver / CHECKPOINT)
+        self.cdi = CdiSpecs(cdi_root)
+
+    def load(self) -> dict[str, PreparedClaim]:
+        try:
+            return self.checkpoint.load()
+        except CheckpointError as exc:
+            log.error(
+                "dra_checkpoint_unusable",
+                driver=self.driver,
+                error=str(exc),
+                effect="starting with no prepared claims",
+            )
+            return {}
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        self.checkpoint.save(claims)
+
+    def write_spec(self, uid: str, claim: PreparedClaim) -> None:
+        self.cdi.write(self.driver, uid, _cdi_devices(claim), claim.env)
+
+    def remove_spec(self, uid: str) -> None:
+        self.cdi.remove(self.driver, uid)
+
+    def specs(self) -> list[str]:
+        return [uid for _, uid in self.cdi.written(self.driver)]
+
+
+def _cdi_devices(claim: PreparedClaim) -> list[CdiDevice]:
+    return [CdiDevice(d.device, d.nodes) for d in claim.devices]
+
+
+class Driver:
+    """One driver's published devices and prepared claims. Used from the event loop."""
+
+    def __init__(
+        self,
+        name: str,
+        pool: str,
+        store: Store,
+        read_claim: ReadClaim,
+        *,
+        withheld: Callable[[], Collection[tuple[str, str]]] = frozenset,
+    ) -> None:
+        self.name = name
+        self.pool = pool
+        self._store = store
+        self._read_claim = read_claim
+        self._withheld = withheld  # (resource, device ID) held through the device-plugin API
+        self._devices: dict[str, DraDevice] = {}
+        self._resources: dict[str, Resource] = {}
+        self._accepts: Callable[[Mapping[str, object]], str | None] = lambda _: NO_CONFIG
+        self.prepared: dict[str, PreparedClaim] = {}
+        self._lock = asyncio.Lock()
+
+    def publish(self, devices: DraDevices, resources: Mapping[str, Resource]) -> None:
+        """The devices the driver serves now (at start, on reload, on a device change)."""
+        self._devices = {d.name: d for d in devices.devices}
+        self._resources = dict(resources)
+        self._accepts = devices.accepts
+
+    def device(self, name: str) -> DraDevice | None:
+        return self._devices.get(name)
+
+    def healthy(self, device: DraDevice) -> bool:
+        resource = self._resources.get(device.resource)
+        found = resource.inventory.get(device.device_id) if resource is not None else None
+        return found is not None and found.healthy
+
+    def held(self) -> dict[str, ClaimRef]:
+        """Device name -> the claim that holds it exclusively."""
+        return {
+            d.device: ClaimRef(claim.namespace, uid, claim.name)
+            for uid, claim in self.prepared.items()
+            for d in claim.devices
+            if not d.admin_access
+        }
+
+    async def restore(self) -> None:
+        """Take up the claims of the checkpoint and write their CDI specs again (the CDI
+        root is a tmpfs that a reboot empties)."""
+        self.prepared = await off_loop(self._store.load, f"{self.name}-checkpoint")
+        for uid, claim in self.prepared.items():
+            write = functools.partial(self._store.write_spec, uid, claim)
+            await off_loop(write, f"{self.name}-cdi")
+        for uid in await off_loop(self._store.specs, f"{self.name}-cdi"):
+            if uid not in self.prepared:  # written, but never checkpointed: not prepared
+                await off_loop(functools.partial(self._store.remove_spec, uid), f"{self.name}-cdi")
+        if self.prepared:
+            log.info("dra_claims_restored", driver=self.name, claims=len(self.prepared))
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | ClaimError]:
+        """Each claim prepared, or its own error; one claim's failure touches no other."""
+        reads = await asyncio.gather(*(self._read(c) for c in claims))
+        out: dict[str, PreparedClaim | ClaimError] = {}
+        for claim, read in zip(claims, reads, strict=True):
+            if isinstance(read, ClaimError):
+                out[claim.uid] = read
+                continue
+            try:
+                out[claim.uid] = await self._prepare(claim, read)
+            except ClaimError as exc:
+                out[claim.uid] = exc
+            except Exception as exc:  # a bug, or the disk: this claim fails, not the call
+                log.exception("dra_prepare_failed", driver=self.name, claim=str(claim))
+                out[claim.uid] = ClaimError(f"prepare failed: {exc}")
+            if isinstance(out[claim.uid], ClaimError):
+                log.warning(
+                    "dra_prepare_refused",
+                    driver=self.name,
+                    claim=str(claim),
+                    error=str(out[claim.uid]),
+                )
+        return out
+
+    async def _read(self, claim: ClaimRef) -> Claim | ClaimError:
+        if claim.uid in self.prepared:  # answered from the checkpoint: no API request
+            return Claim(claim.namespace, claim.name, claim.uid, (), ())
+        try:
+            return await self._read_claim(claim)
+        except ClaimError as exc:
+            return exc
+
+    async def _prepare(self, claim: ClaimRef, allocated: Claim) -> PreparedClaim:
+        async with self._lock:
+            if (done := self.prepared.get(claim.uid)) is not None:
+                return done  # idempotent: the kubelet retries and restarts
+            mine = [r for r in allocated.results if r.driver == self.name]
+            self._check_configs(allocated, mine)
+            devices = [self._checked(claim, r) for r in mine]
+            prepared = self._prepared(claim, mine, devices)
+            claims = {**self.prepared, claim.uid: prepared}
+            await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
+            try:
+                write = functools.partial(self._store.write_spec, claim.uid, prepared)
+                await off_loop(write, f"{self.name}-cdi")
+            except BaseException:
+                await off_loop(lambda: self._store.save(self.prepared), f"{self.name}-checkpoint")
+                raise
+            self.prepared = claims
+        log.info(
+            "dra_claim_prepared",
+            driver=self.name,
+            claim=str(claim),
+            devices=[d.device for d in prepared.devices],
+        )
+        return prepared
+
+    def _check_configs(self, allocated: Claim, mine: Sequence[AllocationResult]) -> None:
+        requests = {r.request for r in mine}
+        for config in allocated.config:
+            if config.driver != self.name:
+                continue
+            if config.requests and not requests.intersection(config.requests):
+                continue
+            parameters = config.parameters if isinstance(config.parameters, Mapping) else {}
+            why = self._accepts(parameters)
+            if why is not None:
+                raise ClaimError(f"opaque config for {self.name}: {why}")
+            log.info("dra_config_accepted", driver=self.name, parameters=parameters)
+
+    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DraDevice:
+        if result.pool != self.pool:
+            raise ClaimError(f"device {result.device}: pool {result.pool!r} is not this node's")
+        device = self._devices.get(result.device)
+        if device is None:
+            raise ClaimError(f"device {result.device}: unknown to driver {self.name} on this node")
+        if not self.healthy(device):
+            raise ClaimError(f"device {result.device}: Unhealthy")
+        if (device.resource, device.device_id) in self._withheld():
+            raise ClaimError(
+                f"device {result.device}: held by a running pod through the device-plugin API"
+            )
+        holder = self.held().get(device.name)
+        if holder is not None and not result.admin_access:
+            raise ClaimError(f"device {result.device}: already prepared for claim {holder}")
+        return device
+
+    def _prepared(
+        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DraDevice]
+    ) -> PreparedClaim:
+        by_device: dict[str, list[AllocationResult]] = {}
+        for result in results:
+            by_device.setdefault(result.device, []).append(result)
+        unique = list({d.name: d for d in devices}.values())
+        env: dict[str, str] = {}
+        by_resource: dict[str, list[str]] = {}
+        for device in unique:
+            by_resource.setdefault(device.resource, []).append(device.device_id)
+        for resource, ids in by_resource.items():
+            env = merge_env(env, self._resources[resource].allocate(ids).envs)
+        nodes = {
+            d.name: self._resources[d.resource].allocate([d.device_id]).devices for d in unique
+        }
+        cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
+        prepared = tuple(
+            PreparedDevice(
+                device=device.name,
+                requests=tuple(dict.fromkeys(r.request for r in by_device[device.name])),
+                pool=self.pool,
+                cdi_ids=cdi[device.name],
+                nodes=nodes[device.name],
+                admin_access=all(r.admin_access for r in by_device[device.name]),
+                resource=device.resource,
+                device_id=device.device_id,
+            )
+            for device in unique
+        )
+        return PreparedClaim(claim.namespace, claim.name, prepared, env)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+        out: dict[str, ClaimError | None] = {}
+        for claim in claims:
+            try:
+                await self.forget(claim.uid)
+                out[claim.uid] = None
+            except OSError as exc:
+                out[claim.uid] = ClaimError(f"unprepare: {exc}")
+        return out
+
+    async def forget(self, uid: str) -> None:
+        """Unprepare: the claim leaves the checkpoint and its CDI spec goes. Idempotent."""
+        async with self._lock:
+            known = self.prepared.get(uid)
+            if known is not None:
+                claims = {k: v for k, v in self.prepared.items() if k != uid}
+                await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
+                self.prepared = claims
+            await off_loop(lambda: self._store.remove_spec(uid), f"{self.name}-cdi")
+        if known is not None:
+            ref = ClaimRef(known.namespace, uid, known.name)
+            log.info("dra_claim_unprepared", driver=self.name, claim=str(ref))
+
+
+def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:
+    """Two allocations' environments as one: a variable both set lists both values."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = f"{out[key]},{value}" if key in out and out[key] != value else value
+    return out

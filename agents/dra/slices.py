@@ -1,0 +1,164 @@
+"""A driver's devices as `resource.k8s.io/v1` ResourceSlices of this node's pool: pure
+functions from the family's model and device health to the JSON the API server stores,
+and the comparison that says whether a stored slice already says the same."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from agents.core.node_report import DeviceHealth
+from agents.dra.devices import AttributeValue, DraDevice, DraDevices, Taint, Version
+
+API_VERSION = "resource.k8s.io/v1"
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+MAX_DEVICES = 128  # per slice, as the API server allows
+MAX_NAME = 253
+NO_SCHEDULE = "NoSchedule"
+
+Obj = dict[str, Any]
+
+
+def unhealthy_of(devices: DraDevices, health: Iterable[DeviceHealth]) -> dict[str, str | None]:
+    """The Unhealthy devices of `devices` by name, with their reasons, from the health
+    of the family resources that serve them."""
+    bad = {(h.resource, h.device_id): h.reason for h in health if not h.healthy}
+    return {
+        d.name: bad[d.resource, d.device_id]
+        for d in devices.devices
+        if (d.resource, d.device_id) in bad
+    }
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """`<node>-<driver, '.' as '-'>-<index>`: the same name for the same slice in every
+    run, so that a create whose answer was lost is found (409) rather than doubled."""
+    base, suffix = f"{node}-{driver.replace('.', '-')}", f"-{index}"
+    if len(base) + len(suffix) > MAX_NAME:  # a node name near the limit
+        digest = hashlib.sha256(base.encode()).hexdigest()[:8]
+        base = f"{base[: MAX_NAME - len(suffix) - 9].rstrip('-.')}-{digest}"
+    return base + suffix
+
+
+def build_slices(
+    node: str,
+    node_uid: str,
+    devices: DraDevices,
+    unhealthy: Mapping[str, str | None],
+    *,
+    taints: bool,
+    generation: int,
+) -> list[Obj]:
+    """The slices of `devices`' pool on `node`, at most MAX_DEVICES devices each. An
+    Unhealthy device is left out, or with `taints` kept with its NoSchedule taint."""
+    published = [
+        _device(d, devices.taint(unhealthy[d.name]) if d.name in unhealthy else None)
+        for d in devices.devices
+        if taints or d.name not in unhealthy
+    ]
+    chunks = [published[i : i + MAX_DEVICES] for i in range(0, len(published), MAX_DEVICES)]
+    chunks = chunks or [[]]  # an empty pool still says so: no devices here
+    owner = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node,
+        "uid": node_uid,
+        "controller": True,
+    }
+    pool = {"name": node, "generation": generation, "resourceSliceCount": len(chunks)}
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node, devices.driver, i),
+                "ownerReferences": [owner],
+            },
+            "spec": {
+                "driver": devices.driver,
+                "nodeName": node,
+                "pool": dict(pool),
+                "devices": chunk,
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def _device(device: DraDevice, taint: Taint | None) -> Obj:
+    out: Obj = {"name": device.name}
+    if device.attributes:
+        out["attributes"] = {k: _attribute(v) for k, v in device.attributes.items()}
+    if device.capacity:
+        out["capacity"] = {k: {"value": v} for k, v in device.capacity.items()}
+    if taint is not None:
+        value = {"value": taint.value} if taint.value else {}
+        out["taints"] = [{"key": taint.key, **value, "effect": NO_SCHEDULE}]
+    return out
+
+
+def _attribute(value: AttributeValue) -> Obj:
+    if isinstance(value, bool):  # before int: a bool is an int to Python
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    return {"string": value}
+
+
+def same_spec(stored: Obj, wanted: Obj) -> bool:
+    """Whether a stored slice's spec says what `wanted`'s does, read as the API server
+    writes it back: quantities in canonical form ("81920Mi" as "80Gi"), taints with the
+    time it added them."""
+    return _canonical(stored.get("spec")) == _canonical(wanted.get("spec"))
+
+
+def _canonical(spec: object) -> object:
+    if not isinstance(spec, dict):
+        return spec
+    out = dict(spec)
+    out["devices"] = [
+        _canonical_device(d) for d in spec.get("devices") or [] if isinstance(d, dict)
+    ]
+    return out
+
+
+def _canonical_device(device: Obj) -> Obj:
+    out = {k: v for k, v in device.items() if v not in ({}, [], None)}
+    if "capacity" in out:
+        out["capacity"] = {
+            k: {**v, "value": quantity(str(v.get("value")))} if isinstance(v, dict) else v
+            for k, v in out["capacity"].items()
+        }
+    if "taints" in out:
+        out["taints"] = [
+            {k: v for k, v in t.items() if k != "timeAdded" and v != ""}
+            for t in out["taints"]
+            if isinstance(t, dict)
+        ]
+    return out
+
+
+QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+)
+BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def quantity(text: str) -> Fraction | str:
+    """A Kubernetes quantity's exact value ("80Gi", "81920Mi", "1e3"); the text itself
+    when it is none."""
+    m = QUANTITY.match(text.strip())
+    if m is None:
+        return text
+    number, exponent, suffix = Fraction(m.group(1)), m.group(2), m.group(3)
+    if exponent is not None:
+        return number * Fraction(10) ** int(exponent)
+    if suffix in BINARY:
+        return number * BINARY[suffix]
+    return number * Fraction(10) ** DECIMAL.get(suffix or "", 0)

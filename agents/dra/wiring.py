@@ -1,0 +1,96 @@
+"""DRA mode put together for `node-agent run --api dra`: the node and API server it needs
+(both required: its devices are published there), the slice publisher, the claim reads
+of prepare, and each driver's checkpoint and CDI specs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import structlog
+
+from agents.cluster import NODE_NAME_ENV
+from agents.cluster.access import Access, from_kubeconfig, in_cluster
+from agents.cluster.client import ApiClient
+from agents.dra.claims import (
+    Claim,
+    ClaimError,
+    ClaimNotAllocatedError,
+    ClaimNotFoundError,
+    ClaimUidMismatchError,
+    get_claim,
+)
+from agents.dra.driver import ClaimRef, ClaimStore
+from agents.dra.publisher import SlicePublisher
+from agents.dra.runtime import DraRuntime, DraSettings
+from agents.errors import AgentError, ConfigError
+from agents.family import Family
+
+log = structlog.get_logger(__name__)
+
+CLAIM_DEADLINE_S = 10.0  # one GET of a claim, well under the kubelet's 45 s per call
+
+
+class ApiClaims:
+    """The claims prepare reads: one GET each, within CLAIM_DEADLINE_S."""
+
+    def __init__(self, client: ApiClient, deadline_s: float = CLAIM_DEADLINE_S) -> None:
+        self._client = client
+        self._deadline_s = deadline_s
+
+    async def read(self, claim: ClaimRef) -> Claim:
+        return await get_claim(
+            self._client, claim.namespace, claim.name, claim.uid, self._deadline_s
+        )
+
+    async def gone(self, claim: ClaimRef) -> bool | None:
+        try:
+            await get_claim(self._client, claim.namespace, claim.name, claim.uid, self._deadline_s)
+        except (ClaimNotFoundError, ClaimUidMismatchError):
+            return True
+        except ClaimNotAllocatedError:
+            return False  # there, and no longer allocated: the kubelet will unprepare it
+        except ClaimError:
+            return None
+        return False
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def dra_maker(
+    settings_of: Callable[[str], DraSettings],
+    kubeconfig: Path | None,
+    node_name: str | None,
+    env: Mapping[str, str],
+) -> Callable[[Callable[[], Sequence[Family]]], DraRuntime]:
+    """The DRA runtime's maker for the agent. ConfigError when the node's name or the API
+    server is unknown: DRA mode has no use without them."""
+    node = env.get(NODE_NAME_ENV) or node_name
+    if not node:
+        raise ConfigError("--api dra", "--node-name", f"this node's name (or env {NODE_NAME_ENV})")
+    try:
+        access = await asyncio.to_thread(_access, kubeconfig, env)
+    except (AgentError, OSError, ValueError) as exc:
+        raise ConfigError("--api dra", "--kubeconfig", f"API server access: {exc}") from exc
+    if access is None:
+        raise ConfigError("--api dra", "--kubeconfig", "API server access (or run in a pod)")
+    settings = settings_of(node)
+    publisher = SlicePublisher(node, ApiClient(access), device_taints=settings.device_taints)
+    claims = ApiClaims(ApiClient(access))
+
+    def make(families: Callable[[], Sequence[Family]]) -> DraRuntime:
+        return DraRuntime(
+            settings,
+            families,
+            publisher,
+            claims,
+            lambda driver: ClaimStore(driver, settings.plugins_dir, settings.cdi_root),
+        )
+
+    return make
+
+
+def _access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
+    return from_kubeconfig(kubeconfig) if kubeconfig is not None else in_cluster(env)

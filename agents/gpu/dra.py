@@ -1,0 +1,160 @@
+"""GPUs and MIG instances as the DRA driver gpu.nvidia.com publishes them: names,
+attributes and capacities that claims and CEL selectors written for that driver expect."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from agents.dra.devices import AttributeValue, DraDevice, Taint, Version, pci_attributes
+from agents.gpu.discovery import Gpu
+from agents.gpu.plan import Unit
+from agents.hw.nvml import MigInstance
+
+DRIVER = "gpu.nvidia.com"
+GPU_TYPE = "gpu"
+MIG_TYPE = "mig"
+XID_TAINT = f"{DRIVER}/xid"
+LOST_TAINT = f"{DRIVER}/gpu-lost"
+UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"  # failing, hung, or held after a fault
+_BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What NVML says of the node's driver, shared by every device: "550.54.15", "12.4"."""
+
+    version: str = ""
+    cuda_version: str = ""
+
+
+def semantic(version: str) -> Version | None:
+    """A dotted version as a semantic version: numbers only, leading zeros dropped, missing
+    parts 0 ("550.163.01" -> 550.163.1, "12.4" -> 12.4.0); None for anything else."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return Version(".".join(str(n) for n in numbers))
+
+
+def binary_quantity(count: int) -> str:
+    """A count (of bytes, or of anything) as a Kubernetes quantity in its canonical binary
+    form: 42949672960 -> "40Gi", 1 -> "1"."""
+    suffix = ""
+    for name in _BINARY:
+        if count == 0 or count % 1024:
+            break
+        count //= 1024
+        suffix = name
+    return f"{count}{suffix}"
+
+
+def gpu_attributes(gpu: Gpu, driver: Driver) -> dict[str, AttributeValue]:
+    """What a whole GPU and each of its MIG instances share: product, brand, architecture,
+    versions and where it sits; a fact NVML did not give is left out."""
+    attributes: dict[str, AttributeValue] = {}
+    for name, value in (
+        ("productName", gpu.model),
+        ("brand", gpu.brand),
+        ("architecture", gpu.architecture),
+    ):
+        if value:
+            attributes[name] = value
+    for name, text in (
+        ("cudaComputeCapability", gpu.compute_capability),
+        ("driverVersion", driver.version),
+        ("cudaDriverVersion", driver.cuda_version),
+    ):
+        if (version := semantic(text)) is not None:
+            attributes[name] = version
+    attributes.update(pci_attributes(gpu.pci, gpu.location, gpu.numa))
+    return attributes
+
+
+def whole_gpu(gpu: Gpu, resource: str, driver: Driver) -> DraDevice:
+    capacity = {"memory": binary_quantity(gpu.memory_mib * 2**20)} if gpu.memory_mib else {}
+    attributes: dict[str, AttributeValue] = {"type": GPU_TYPE, "uuid": gpu.uuid}
+    attributes.update(gpu_attributes(gpu, driver))
+    return DraDevice(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
+
+
+def mig_name(parent_minor: int, mig: MigInstance) -> str:
+    """gpu-<parent minor>-mig-<profile without '.', '+' as '-'>-<GI profile ID>-<start>."""
+    profile = re.sub(r"[^a-z0-9-]", "-", mig.profile.lower().replace(".", "")).strip("-")
+    return f"gpu-{parent_minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"
+
+
+def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> DraDevice:
+    attributes: dict[str, AttributeValue] = {
+        "type": MIG_TYPE,
+        "uuid": mig.uuid,
+        "parentUUID": gpu.uuid,
+        "profile": mig.profile,
+    }
+    attributes.update(gpu_attributes(gpu, driver))
+    engines = mig.engines
+    capacity = {
+        "multiprocessors": str(engines.multiprocessors),
+        "copyEngines": str(engines.copy_engines),
+        "decoders": str(engines.decoders),
+        "encoders": str(engines.encoders),
+        "jpegEngines": str(engines.jpeg_engines),
+        "ofaEngines": str(engines.ofa_engines),
+        "memory": binary_quantity(engines.memory_mib * 2**20),
+    }
+    for memory_slice in range(mig.placement_start, mig.placement_start + mig.placement_size):
+        capacity[f"memorySlice{memory_slice}"] = "1"
+    return DraDevice(mig_name(gpu.minor, mig), resource, mig.uuid, attributes, capacity)
+
+
+def devices(
+    gpus: Iterable[Gpu], served: Iterable[tuple[str, Unit]], driver: Driver
+) -> tuple[DraDevice, ...]:
+    """The device of each served unit (resource name, unit): a whole GPU, or a MIG
+    instance; a replica's GPU or instance once, under the first resource that serves it."""
+    by_uuid: Mapping[str, Gpu] = {g.uuid: g for g in gpus}
+    out: dict[str, DraDevice] = {}
+    for resource, unit in served:
+        gpu = by_uuid.get(unit.gpu_uuid)
+        if gpu is None or unit.visible_id in out:
+            continue
+        if unit.visible_id == gpu.uuid:
+            out[unit.visible_id] = whole_gpu(gpu, resource, driver)
+            continue
+        mig = next((m for m in gpu.mig if m.uuid == unit.visible_id), None)
+        if mig is not None:
+            out[unit.visible_id] = mig_device(gpu, mig, resource, driver)
+    return tuple(out.values())
+
+
+def taint(reason: str | None) -> Taint:
+    """The taint of an Unhealthy GPU: its first critical XID ("xid=48,79" -> xid=48), lost
+    (also taken off the node), else unhealthy=<why>: hung, holding (answering again after
+    a fault, held a while), nvml-<error>."""
+    why = reason or "unknown"
+    if why.startswith("xid="):
+        return Taint(XID_TAINT, why.removeprefix("xid=").split(",")[0])
+    if why in ("lost", "gone"):
+        return Taint(LOST_TAINT)
+    value = _NOT_LABEL.sub("-", why.replace(": ", "-")).strip("-._")[:63].strip("-._")
+    return Taint(UNHEALTHY_TAINT, value or "unknown")
+
+
+SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")
+
+
+def accepts(parameters: Mapping[str, object]) -> str | None:
+    """An opaque claim config of this driver: a GPU or MIG device config that asks for
+    time-slicing (or for no sharing at all) is taken, as claims share devices by claim
+    anyway; any other kind or strategy is refused (None: taken)."""
+    kind = parameters.get("kind")
+    if kind not in SHARING_KINDS:
+        return f"kind {kind!r} is not one of {', '.join(SHARING_KINDS)}"
+    sharing = parameters.get("sharing")
+    strategy = sharing.get("strategy") if isinstance(sharing, Mapping) else "TimeSlicing"
+    if sharing is not None and strategy != "TimeSlicing":
+        return f"sharing strategy {strategy!r}: only TimeSlicing is served"
+    return None

@@ -1,0 +1,148 @@
+"""A node in DRA mode for tests: a real `node-agent run --api dra` process on a simulated
+node, the API-server stand-in it publishes to and reads claims from, and the kubelet's
+plugin watcher and DRA calls (tests/standin/dra_kubelet.py), all over real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.integration.conftest import AgentProcess
+from tests.standin.apiserver import ApiServer
+from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
+
+NODE = "dra-node-1"
+GPU = "gpu.nvidia.com"
+NIC = "roce.node-agents.io"
+WAIT = 20.0  # a process start on a loaded 2-core machine
+Obj = dict[str, Any]
+
+
+@dataclass
+class DraNode:
+    root: Path
+    server: ApiServer
+    watcher: PluginWatcher
+    kubelet: DraKubelet
+    start_agent: Callable[[Sequence[str]], AgentProcess]
+
+    @property
+    def plugins(self) -> Path:
+        return self.root / "plugins"
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "registry"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def device_plugins(self) -> Path:
+        return self.root / "device-plugins"
+
+    def args(self, node_file: Path, *more: str) -> list[str]:
+        return [
+            "run",
+            "--api",
+            "dra",
+            "--simulate",
+            str(node_file),
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(self.root / "kubeconfig"),
+            "--kubelet-plugins-dir",
+            str(self.plugins),
+            "--kubelet-registry-dir",
+            str(self.registry),
+            "--cdi-root",
+            str(self.cdi),
+            "--device-plugin-dir",
+            str(self.device_plugins),
+            "--pod-resources-socket",
+            str(self.root / "pod-resources.sock"),
+            *more,
+        ]
+
+    async def start(self, node_file: Path, *more: str) -> AgentProcess:
+        """The agent, once both drivers are registered and both slices published."""
+        after = {d: r.serial for d, r in self.watcher.drivers.items()}
+        agent = self.start_agent(self.args(node_file, *more))
+        for driver in (GPU, NIC):
+            await self.watcher.registered(driver, WAIT, after=after.get(driver, 0))
+        await self.wait(lambda: set(self.devices(GPU)) and set(self.devices(NIC)))
+        return agent
+
+    def slices(self, driver: str) -> list[Obj]:
+        return [
+            s
+            for s in self.server.store.slices.values()
+            if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == NODE
+        ]
+
+    def devices(self, driver: str) -> dict[str, Obj]:
+        """Device name -> the device as its slice shows it."""
+        return {d["name"]: d for s in self.slices(driver) for d in s["spec"]["devices"]}
+
+    def claim(self, uid: str, results: Sequence[tuple[str, str, str]], **extra: Any) -> Obj:
+        """A claim in namespace `ns`, name `c-<uid>`, allocated to (request, driver,
+        device) on this node."""
+        entries = [
+            {"request": r, "driver": d, "pool": NODE, "device": dev, **extra}
+            for r, d, dev in results
+        ]
+        return self.server.store.put_claim("ns", f"c-{uid}", uid, entries)
+
+    async def wait(self, condition: Callable[[], object], within: float = WAIT) -> None:
+        from tests.conditions import async_wait_until
+
+        await async_wait_until(lambda: bool(condition()), within)
+
+    def spec(self, driver: str, uid: str) -> Obj | None:
+        path = self.cdi / f"k8s.{driver}-claim_{uid}.yaml"
+        return yaml.safe_load(path.read_text()) if path.exists() else None
+
+
+def ref(uid: str) -> tuple[str, str, str]:
+    """The kubelet's reference to claim `uid` (namespace, UID, name)."""
+    return ("ns", uid, f"c-{uid}")
+
+
+def kubeconfig(path: Path, url: str) -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": url}}],
+        "users": [{"name": "agent", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "agent"}}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+
+
+@pytest.fixture
+async def dra_node(
+    tmp_path: Path, start_agent: Callable[[Sequence[str]], AgentProcess]
+) -> AsyncIterator[DraNode]:
+    server = ApiServer((NODE,))
+    await server.start()
+    root = tmp_path / "dra"
+    root.mkdir()
+    kubeconfig(root / "kubeconfig", server.url)
+    (root / "registry").mkdir()
+    watcher = PluginWatcher(root / "registry")
+    await watcher.start()
+    kubelet = DraKubelet(watcher)
+    try:
+        yield DraNode(root, server, watcher, kubelet, start_agent)
+    finally:
+        await kubelet.close()
+        await watcher.stop()
+        await server.stop()

@@ -1,0 +1,322 @@
+"""The ResourceSlice publisher against the API-server stand-in over real HTTP: the slices
+at start in their exact shape, health taking devices out and back (or tainting them), a
+deleted slice put back, an API server down at start, a driver of more than 128 devices,
+and no requests at rest beyond the open watch."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agents.cluster.client import Access, ApiClient
+from agents.dra.devices import DraDevice, DraDevices, Taint, Version
+from agents.dra.publisher import SlicePublisher
+from tests.conditions import async_wait_until
+from tests.standin.apiserver import REFUSE, UP, ApiServer
+
+NODE = "node-1"
+DRIVER = "gpu.nvidia.com"
+WAIT = 10.0
+SLICES = "resourceslices"
+
+
+def _taint(reason: str | None) -> Taint:
+    if reason and reason.startswith("xid="):
+        return Taint(f"{DRIVER}/xid", reason.removeprefix("xid="))
+    return Taint(f"{DRIVER}/gpu-lost")
+
+
+def _gpus(n: int, driver: str = DRIVER) -> DraDevices:
+    devices = tuple(
+        DraDevice(
+            f"gpu-{i}",
+            "nvidia.com/gpu",
+            f"GPU-{i}",
+            {
+                "type": "gpu",
+                "index": i,
+                "driverVersion": Version("570.124.6"),
+                "resource.kubernetes.io/pcieRoot": "pci0000:10",
+                "mig": False,
+            },
+            {"memory": "81920Mi"},
+        )
+        for i in range(n)
+    )
+    return DraDevices(driver, devices, _taint)
+
+
+def _ours(server: ApiServer, driver: str = DRIVER) -> list[dict[str, object]]:
+    return sorted(
+        (s for s in server.store.slices.values() if s["spec"]["driver"] == driver),
+        key=lambda s: s["metadata"]["name"],
+    )
+
+
+def _names(server: ApiServer) -> list[str]:
+    return [d["name"] for s in _ours(server) for d in s["spec"]["devices"]]
+
+
+def _writes(server: ApiServer) -> int:
+    return sum(server.count(v, SLICES) for v in ("create", "update", "delete"))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ApiServer]:
+    server = ApiServer((NODE,))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
+    async with ApiClient(Access(server.url), timeout_s=1.0) as client:
+        yield client
+
+
+async def _window(seconds: float) -> None:
+    """Let the publisher run for a while: what must not happen would happen within it."""
+    await asyncio.sleep(seconds)
+
+
+async def _running(publisher: SlicePublisher) -> asyncio.Task[None]:
+    return asyncio.create_task(publisher.run())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_slices_at_start_have_the_api_shape(server: ApiServer, client: ApiClient) -> None:
+    publisher = SlicePublisher(NODE, client)
+    publisher.set(_gpus(2), {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_ours(server)) == 1, WAIT, "one slice")
+    finally:
+        await _stop(task)
+    (made,) = _ours(server)
+    meta = made["metadata"]
+    assert meta["name"] == "node-1-gpu-nvidia-com-0"
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-node-1", "controller": True}
+    ]
+    assert made["spec"] == {
+        "driver": DRIVER,
+        "nodeName": NODE,
+        "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1},
+        "devices": [
+            {
+                "name": f"gpu-{i}",
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "index": {"int": i},
+                    "driverVersion": {"version": "570.124.6"},
+                    "resource.kubernetes.io/pcieRoot": {"string": "pci0000:10"},
+                    "mig": {"bool": False},
+                },
+                "capacity": {"memory": {"value": "81920Mi"}},
+            }
+            for i in range(2)
+        ],
+    }
+    assert server.count("get", "nodes") == 1  # the Node's UID, once
+
+
+async def test_an_unhealthy_device_leaves_the_slice_and_returns(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client)
+    gpus = _gpus(3)
+    publisher.set(gpus, {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 3, WAIT, "3 devices")
+        publisher.set(gpus, {"gpu-1": "xid=79"})
+        await async_wait_until(lambda: _names(server) == ["gpu-0", "gpu-2"], WAIT, "gpu-1 out")
+        assert _ours(server)[0]["spec"]["pool"]["generation"] == 1
+        publisher.set(gpus, {})
+        await async_wait_until(lambda: len(_names(server)) == 3, WAIT, "gpu-1 back")
+        assert _ours(server)[0]["spec"]["pool"]["generation"] == 2
+    finally:
+        await _stop(task)
+
+
+async def test_with_taints_an_unhealthy_device_stays_tainted(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client, device_taints=True)
+    gpus = _gpus(2)
+    publisher.set(gpus, {"gpu-0": "xid=79"})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "both devices")
+        writes = _writes(server)
+        devices = _ours(server)[0]["spec"]["devices"]
+        taint = devices[0]["taints"][0]
+        assert {k: v for k, v in taint.items() if k != "timeAdded"} == {
+            "key": f"{DRIVER}/xid",
+            "value": "79",
+            "effect": "NoSchedule",
+        }
+        assert "taints" not in devices[1]
+    finally:
+        await _stop(task)
+    # Started again, it finds the slice as it wants it, though the server added a time
+    # to the taint: nothing to write.
+    again = SlicePublisher(NODE, client, device_taints=True)
+    again.set(gpus, {"gpu-0": "xid=79"})
+    task = await _running(again)
+    try:
+        await async_wait_until(lambda: server.count("list", SLICES) == 2, WAIT, "a new list")
+        await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
+        await _window(0.5)
+        assert _writes(server) == writes
+    finally:
+        await _stop(task)
+
+
+async def test_an_api_server_that_drops_taints_is_not_written_again_and_again(
+    server: ApiServer, client: ApiClient
+) -> None:
+    server.store.device_taints = False
+    publisher = SlicePublisher(NODE, client, device_taints=True)
+    publisher.set(_gpus(2), {"gpu-0": "lost"})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "both devices")
+        await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
+        publisher.set(_gpus(2), {"gpu-0": "lost"})  # a pass that compares again
+        await _window(1.0)
+        assert _writes(server) == 1
+    finally:
+        await _stop(task)
+
+
+async def test_a_deleted_slice_is_put_back_promptly(server: ApiServer, client: ApiClient) -> None:
+    publisher = SlicePublisher(NODE, client)
+    publisher.set(_gpus(2), {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_ours(server)) == 1, WAIT, "the slice")
+        await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
+        assert server.store.delete_node_slices(NODE) == ["node-1-gpu-nvidia-com-0"]
+        start = time.monotonic()
+        await async_wait_until(lambda: len(_ours(server)) == 1, WAIT, "the slice back")
+        assert time.monotonic() - start < 1.0
+        assert len(_names(server)) == 2
+    finally:
+        await _stop(task)
+
+
+async def test_api_server_down_at_start_delays_only_the_slices(server: ApiServer) -> None:
+    await server.set_mode(REFUSE)
+    async with ApiClient(Access(server.url), timeout_s=0.5) as client:
+        publisher = SlicePublisher(NODE, client, first_retry_s=0.05, max_retry_s=0.2)
+        task = await _running(publisher)
+        try:
+            await async_wait_until(lambda: publisher.reachable is False, WAIT, "an outage")
+            started = time.monotonic()
+            for n in range(1, 50):
+                publisher.set(_gpus(n % 3 + 1), {})
+            assert time.monotonic() - started < 0.05  # set() never waits for the API
+            publisher.set(_gpus(2), {})
+            await server.set_mode(UP)
+            await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "slices once up")
+        finally:
+            await _stop(task)
+
+
+async def test_a_slow_api_server_delays_only_the_slices(server: ApiServer) -> None:
+    server.delay_s = 0.3
+    async with ApiClient(Access(server.url), timeout_s=2.0) as client:
+        publisher = SlicePublisher(NODE, client)
+        task = await _running(publisher)
+        try:
+            started = time.monotonic()
+            publisher.set(_gpus(2), {})
+            assert time.monotonic() - started < 0.05
+            await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "slices, slowly")
+        finally:
+            await _stop(task)
+
+
+async def test_a_driver_of_more_than_128_devices_is_split(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client)
+    publisher.set(_gpus(300), {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_ours(server)) == 3, WAIT, "three slices")
+        counts = [len(s["spec"]["devices"]) for s in _ours(server)]
+        assert counts == [128, 128, 44]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in _ours(server)} == {3}
+        publisher.set(_gpus(100), {})  # shrinks to one slice of a newer generation
+        await async_wait_until(lambda: len(_ours(server)) == 1, WAIT, "one slice")
+        assert _ours(server)[0]["spec"]["pool"] == {
+            "name": NODE,
+            "generation": 1,
+            "resourceSliceCount": 1,
+        }
+    finally:
+        await _stop(task)
+
+
+async def test_other_drivers_and_nodes_are_left_alone(server: ApiServer, client: ApiClient) -> None:
+    server.store.add_node("node-2")
+    theirs = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "theirs"},
+        "spec": {
+            "driver": "other.example.com",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    server.store.create_slice(theirs)
+    server.store.create_slice(
+        {
+            **theirs,
+            "metadata": {"name": "node-2-gpu"},
+            "spec": {**theirs["spec"], "driver": DRIVER, "nodeName": "node-2"},
+        }
+    )
+    publisher = SlicePublisher(NODE, client)
+    publisher.set(_gpus(1), {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_ours(server)) == 2, WAIT, "ours beside node-2's")
+    finally:
+        await _stop(task)
+    assert set(server.store.slices) == {"theirs", "node-2-gpu", "node-1-gpu-nvidia-com-0"}
+    assert server.count("delete", SLICES) == 0
+
+
+async def test_no_requests_at_rest_beyond_the_watch(server: ApiServer, client: ApiClient) -> None:
+    server.bookmark_s = 0.1  # bookmarks keep coming: they must not cause requests
+    publisher = SlicePublisher(NODE, client)
+    publisher.set(_gpus(4), {})
+    publisher.set(_ours_too := _gpus(2, "roce.node-agents.io"), {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(
+            lambda: len(_ours(server)) == 1 and len(_ours(server, _ours_too.driver)) == 1,
+            WAIT,
+            "both drivers' slices",
+        )
+        await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
+        before = len(server.calls)
+        await _window(2.0)
+        assert server.calls[before:] == []
+        assert server.count("watch", SLICES) == 1
+    finally:
+        await _stop(task)

@@ -1,0 +1,66 @@
+"""The pure side of ResourceSlices: names, health, and reading a stored slice back as
+kube-apiserver v1.34 writes it (quantities canonical, taints timed)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from agents.core.node_report import DeviceHealth
+from agents.dra.devices import DraDevice, DraDevices, Taint
+from agents.dra.slices import build_slices, quantity, same_spec, slice_name, unhealthy_of
+
+GPUS = DraDevices(
+    "gpu.nvidia.com",
+    tuple(
+        DraDevice(f"gpu-{i}", "nvidia.com/gpu", f"GPU-{i}", {}, {"memory": "81920Mi"})
+        for i in range(2)
+    ),
+    lambda reason: Taint("gpu.nvidia.com/xid", (reason or "").removeprefix("xid=")),
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("80Gi", 80 * 2**30),
+        ("81920Mi", 80 * 2**30),
+        ("1e3", 1000),
+        ("1k", 1000),
+        ("500m", Fraction(1, 2)),
+    ],
+    ids=["Gi", "Mi", "exponent", "k", "milli"],
+)
+def test_quantities_read_as_exact_values(text: str, value: Fraction | int) -> None:
+    assert quantity(text) == value
+
+
+def test_a_slice_as_the_api_server_writes_it_back_is_the_same() -> None:
+    (wanted,) = build_slices("n", "uid", GPUS, {"gpu-1": "xid=79"}, taints=True, generation=0)
+    stored = {"spec": {**wanted["spec"], "devices": [dict(d) for d in wanted["spec"]["devices"]]}}
+    for device in stored["spec"]["devices"]:
+        device["capacity"] = {"memory": {"value": "80Gi"}}
+    stored["spec"]["devices"][1]["taints"] = [
+        {**wanted["spec"]["devices"][1]["taints"][0], "timeAdded": "2026-11-25T22:10:22Z"}
+    ]
+    assert same_spec(stored, wanted)
+    stored["spec"]["devices"][1]["taints"] = []
+    assert not same_spec(stored, wanted)
+
+
+def test_unhealthy_devices_are_found_by_their_resource_and_id() -> None:
+    health = [
+        DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", healthy=False, reason="xid=79"),
+        DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0", healthy=True),
+        DeviceHealth("other", "GPU-0", "x", healthy=False, reason="lost"),
+    ]
+    assert unhealthy_of(GPUS, health) == {"gpu-1": "xid=79"}
+
+
+def test_a_long_node_name_still_gives_a_valid_distinct_slice_name() -> None:
+    node = "n" * 250
+    names = {slice_name(node, "gpu.nvidia.com", i) for i in range(3)}
+    assert len(names) == 3
+    assert all(len(n) <= 253 for n in names)
+    assert slice_name("node-1", "gpu.nvidia.com", 0) == "node-1-gpu-nvidia-com-0"
