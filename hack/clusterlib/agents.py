@@ -5,11 +5,13 @@ a FlowSchema of their own, read from `apiserver_flowcontrol_dispatched_requests_
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,17 +25,17 @@ from hack.clusterlib.workload import LABEL
 ROOT = Path(__file__).resolve().parent.parent.parent
 ACCOUNT = "node-agent"
 FLOW = "cluster-sim-agents"
+LOG_LINE = re.compile(r"^\S+ \[(\w+)\s*\] (\w+)", re.M)
 AGENT = f"{shlex.quote(sys.executable)} -m agents.cli run --api dra"
 
 
 def rbac(namespace: str) -> list[dict[str, Any]]:
-    """The service account and SPEC 9 and 10's rights (events, the node's status,
-    claims, nodes and slices)."""
+    """The service account and the rights daemonset/dra gives it (SPEC 9 and 10: events,
+    the node's status, nodes, claims and slices), no more: a refusal would show."""
     rules = [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "update"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceclaims"],
@@ -42,16 +44,7 @@ def rbac(namespace: str) -> list[dict[str, Any]]:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": [
-                "get",
-                "list",
-                "watch",
-                "create",
-                "update",
-                "patch",
-                "delete",
-                "deletecollection",
-            ],
+            "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"],
         },
     ]
     meta = {"name": FLOW, "labels": {LABEL: "true"}}
@@ -133,6 +126,7 @@ class Agents:
     def __init__(self, api: Api, namespace: str, work: Path, command: str = AGENT) -> None:
         self.api, self.namespace, self.work, self.command = api, namespace, work, command
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self._started: list[str] = []
 
     async def setup(self) -> None:
         for obj in rbac(self.namespace):
@@ -181,10 +175,19 @@ class Agents:
                 *("--kubelet-plugins-dir", str(dirs["plugins"])),
                 *("--kubelet-registry-dir", str(dirs["registry"])),
                 *("--cdi-root", str(dirs["cdi"]), "--device-plugin-dir", str(dirs["dp"])),
+                # No kubelet: not the lab kubelet's pod-resources either.
+                *("--pod-resources-socket", str(home / "no-kubelet.sock")),
             ]
+            self._started.append(node)
             log = (home / "agent.log").open("wb")
+            env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
             self.processes[node] = await asyncio.create_subprocess_exec(
-                *args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                *args,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
             log.close()
 
@@ -227,6 +230,16 @@ class Agents:
         for s in (await self.api.client.list("/apis/resource.k8s.io/v1/resourceslices")).items:
             if s["spec"].get("nodeName") in layouts:
                 await self.api.delete("ResourceSlice", s["metadata"]["name"])
+
+    def log_warnings(self) -> dict[str, int]:
+        """Warning and error events in the agents' logs, by name, all agents together."""
+        found: Counter[str] = Counter()
+        for node in self.processes or self._started:
+            text = (self.work / node / "agent.log").read_text(errors="replace")
+            for level, event in LOG_LINE.findall(text):
+                if level in ("warning", "error", "critical"):
+                    found[event] += 1
+        return dict(found)
 
     async def requests(self) -> int:
         return dispatched(await self.api.metrics())

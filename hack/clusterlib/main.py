@@ -30,6 +30,7 @@ from hack.clusterlib.workload import LABEL, ROOT, SHAPES, SWITCH, claim_template
 KUBECONFIG = Path("/var/tmp/k8s-lab/admin.kubeconfig")
 CLASSES = ("cluster-sim-gpu", "cluster-sim-nic")
 ATTRIBUTE = {"switch": SWITCH, "root": ROOT}
+REST_AFTER_S = 5.0
 Progress = Callable[[str], None]
 
 
@@ -66,14 +67,16 @@ async def simulate(opts: argparse.Namespace, progress: Progress) -> dict[str, An
     agents: Agents | None = None
     start = time.monotonic()
     result: dict[str, Any] = {"nodes": opts.nodes, "seed": opts.seed, "operations": opts.operations}
-    with tempfile.TemporaryDirectory(prefix="cluster-sim-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cluster-sim-") as scratch:
+        tmp = opts.keep or Path(scratch)
+        await asyncio.to_thread(tmp.mkdir, parents=True, exist_ok=True)
         try:
             await clean(api, namespace, None)
             await wait_gone(api, namespace)
             await prepare(api, namespace)
             nodes = Nodes(api, layouts)
             await nodes.create()
-            agents = Agents(api, namespace, Path(tmp), opts.agent)
+            agents = Agents(api, namespace, tmp, opts.agent)
             await agents.setup()
             progress(f"{opts.nodes} agents starting")
             before = await agents.requests()
@@ -82,6 +85,8 @@ async def simulate(opts: argparse.Namespace, progress: Progress) -> dict[str, An
             result["start_requests"] = await agents.requests() - before
             state = State(api, namespace)
             await state.start()
+            # The reporter sets the node's condition SETTLE_S after start: not at rest yet.
+            await asyncio.sleep(REST_AFTER_S)
             progress(f"at rest for {opts.rest_s:g} s")
             before = await agents.requests()
             await asyncio.sleep(opts.rest_s)
@@ -98,6 +103,7 @@ async def simulate(opts: argparse.Namespace, progress: Progress) -> dict[str, An
             churn = await agents.requests() - before
             result["churn"] = {"requests": churn, "seconds": time.monotonic() - churn_start}
             await agents.stop(layouts)
+            result["agent_log"] = agents.log_warnings()
             progress(f"device plugins' counts: {opts.operations} operations")
             await nodes.counts(True)
             result[COUNTS] = await ModeRun(api, state, cluster, namespace, COUNTS).run(
@@ -171,6 +177,18 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             out.append(at_least(f"{label}: pair pods paired", rate, "%", 100, detail))
         else:
             out.append(info(f"{label}: pair pods paired", rate, "%", detail))
+        if grouping == COUNTS:
+            share = 100 * o.paired_on_node / o.pairable_on_node if o.pairable_on_node else 0.0
+            out.append(
+                info(
+                    f"{label}: paired where the scheduler's node had the pairs free",
+                    share,
+                    "%",
+                    f"{o.paired_on_node}/{o.pairable_on_node}: the agent's choice on the node; "
+                    f"the other {o.pair_pods - o.pairable_on_node} pair pods landed on a node "
+                    "without enough free pairs (the scheduler counts only)",
+                )
+            )
         waits = o.free_waits
         out.append(
             below(
@@ -195,7 +213,25 @@ def figures(result: dict[str, Any]) -> list[Figure]:
                 "includes pods that waited for a deletion",
             )
         )
+        first = [1000 * x for x in o.first_try]
+        out.append(
+            info(
+                f"{label}: creation to {what} p50/p99, pods never Unschedulable",
+                percentile(first, 50),
+                "ms",
+                f"p99 {percentile(first, 99):.0f} ms over {len(first)} pods",
+            )
+        )
         out.append(info(f"{label}: wall time", o.wall_s, "s"))
+    warnings = result.get("agent_log", {})
+    out.append(
+        info(
+            "agent log warnings and errors",
+            sum(warnings.values()),
+            "",
+            ", ".join(f"{k} x{v}" for k, v in sorted(warnings.items())) or "none",
+        )
+    )
     for key, label in (("rest", "at rest"), ("churn", "under churn (both DRA modes)")):
         r = result[key]
         per = r["requests"] / n / (r["seconds"] / 60)
@@ -216,11 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--operations", type=int, default=300, help="per mode")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rest-s", type=float, default=60.0, help="the at-rest window")
+    parser.add_argument(
+        "--rest-s",
+        type=float,
+        default=300.0,
+        help="the at-rest window (default 300: each of an agent's watches is opened again "
+        "every 300 s)",
+    )
     parser.add_argument("--namespace", default="cluster-sim")
     parser.add_argument("--kubeconfig", type=Path, default=KUBECONFIG)
     parser.add_argument("--agent", default=AGENT, help="the agent's command line, before its flags")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--keep", type=Path, help="keep the agents' logs and layouts here")
     opts = parser.parse_args(argv)
 
     def progress(step: str) -> None:

@@ -17,6 +17,7 @@ from hack.clusterlib.accounting import (
     allocation_of,
     claim_paired,
     devices_paired,
+    fits,
 )
 from hack.clusterlib.api import Api
 from hack.clusterlib.layouts import Place
@@ -43,6 +44,10 @@ class Outcome:
     pending_while_free: set[str] = field(default_factory=set)  # past GRACE_S
     free_waits: list[float] = field(default_factory=list)  # Unschedulable while it fit
     latencies: list[float] = field(default_factory=list)  # creation to allocation
+    first_try: list[float] = field(default_factory=list)  # of pods never Unschedulable
+    # Device plugins: pair pods whose node had the pairs free when the devices were chosen.
+    pairable_on_node: int = 0
+    paired_on_node: int = 0
     unsettled: int = 0  # operations after which the cluster had not settled in GRACE_S
     wall_s: float = 0.0
 
@@ -61,6 +66,9 @@ class Outcome:
             "pending_while_free": sorted(self.pending_while_free),
             "free_waits_s": [round(w, 3) for w in self.free_waits],
             "latencies_ms": [round(1000 * x, 1) for x in self.latencies],
+            "first_try_ms": [round(1000 * x, 1) for x in self.first_try],
+            "pairable_on_node": self.pairable_on_node,
+            "paired_on_node": self.paired_on_node,
             "unsettled": self.unsettled,
             "wall_s": round(self.wall_s, 2),
         }
@@ -88,6 +96,7 @@ class ModeRun:
         self.judged: set[str] = set()
         self.fit_since: dict[str, float] = {}
         self.replays: dict[str, NodeReplay] = {}
+        self.pairable: set[str] = set()  # replayed pods whose node had their pairs free
         self._names = itertools.count()
 
     @property
@@ -222,6 +231,9 @@ class ModeRun:
         node = self._node(live)
         if node is None or live.name in self.replays[node].held:
             return
+        free = self.cluster.free(self.used())[node]
+        if live.shape.paired and fits(live.shape, free, "switch"):
+            self.pairable.add(live.name)
         self.replays[node].admit(live.name, live.shape)
 
     def _judge(self) -> None:
@@ -236,12 +248,17 @@ class ModeRun:
             )
             if done is not None:
                 self.out.latencies.append(done - live.created)
+                if live.name not in self.out.ever_unschedulable:
+                    self.out.first_try.append(done - live.created)
             if not live.shape.paired:
                 self.out.gpu_pods += 1
                 continue
             self.out.pair_pods += 1
             ok, detail = self._paired(live)
             self.out.paired += ok
+            if live.name in self.pairable:
+                self.out.pairable_on_node += 1
+                self.out.paired_on_node += ok
             if not ok:
                 self.out.misses.append(f"{live.name} on {self._node(live)}: {detail}")
 
