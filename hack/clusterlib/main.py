@@ -131,7 +131,7 @@ async def wait_gone(api: Api, namespace: str, within: float = 120) -> None:
     raise TimeoutError(f"namespace {namespace} still there after {within:g} s")
 
 
-def percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: int) -> float:
     if not values:
         return float("nan")
     return (

@@ -88,12 +88,17 @@ class Nodes:
         """Report (or stop reporting) the device plugins' counts in capacity/allocatable."""
         for name, lay in self.layouts.items():
             extra = {GPU_RESOURCE: str(len(lay.of("gpu"))), NIC_RESOURCE: str(len(lay.of("nic")))}
-            values = {**BASE, **extra} if on else dict(BASE)
-            status = {"capacity": values, "allocatable": values}
-            if not on:
-                status = {
-                    k: {**v, GPU_RESOURCE: None, NIC_RESOURCE: None} for k, v in status.items()
+            # A merge patch's null removes a key: no counts reported any more.
+            values: dict[str, str | None] = (
+                {**BASE, **extra}
+                if on
+                else {
+                    **BASE,
+                    GPU_RESOURCE: None,
+                    NIC_RESOURCE: None,
                 }
+            )
+            status = {"capacity": values, "allocatable": values}
             await self.api.client.request(
                 "PATCH",
                 path_of("Node", name=name) + "/status",
