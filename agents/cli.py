@@ -327,7 +327,9 @@ def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
     from agents.plugin.kubelet_facts import PodResources
 
     socket = opts.pod_resources_socket
-    return DraHoldings(opts.kubelet_plugins_dir, opts.cdi_root, PodResources(socket))
+    return DraHoldings(
+        opts.kubelet_plugins_dir, opts.kubelet_registry_dir, opts.cdi_root, PodResources(socket)
+    )
 
 
 async def _dra(opts: argparse.Namespace) -> DraMaker:

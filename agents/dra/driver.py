@@ -107,12 +107,14 @@ class Driver:
         read_claim: ReadClaim,
         *,
         withheld: Callable[[], Collection[tuple[str, str]]] = frozenset,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
         self.pool = pool
         self._store = store
         self._read_claim = read_claim
         self._withheld = withheld  # (resource, device ID) held through the device-plugin API
+        self._on_change = on_change  # told after each change of `prepared`
         self._devices: dict[str, DraDevice] = {}
         self._resources: dict[str, Resource] = {}
         self._accepts: Callable[[Mapping[str, object]], str | None] = lambda _: NO_CONFIG
@@ -204,6 +206,7 @@ class Driver:
                 await off_loop(lambda: self._store.save(self.prepared), f"{self.name}-checkpoint")
                 raise
             self.prepared = claims
+        self._on_change()
         log.info(
             "dra_claim_prepared",
             driver=self.name,
@@ -296,6 +299,7 @@ class Driver:
         if known is not None:
             ref = ClaimRef(known.namespace, uid, known.name)
             log.info("dra_claim_unprepared", driver=self.name, claim=str(ref))
+            self._on_change()
 
 
 def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:

@@ -1,43 +1,42 @@
 """Device-plugin mode's side of a switch between the APIs: the devices that claims in the
-agents' DRA checkpoints hold are not advertised until those claims end. Nothing serves
-the DRA sockets in this mode, so the kubelet cannot unprepare them: a claim that the
-kubelet's pod-resources answer no longer lists has ended, and is unprepared here (out of
-the checkpoint, its CDI spec removed). Without that answer the devices stay withheld."""
+DRA checkpoints hold are not advertised until those claims are unprepared. While any is
+held, the drivers are served for the kubelet to unprepare them (a pod with claims ends
+only once they are: without a driver it would stay Terminating), and prepare refuses
+every claim. A claim that the kubelet's pod-resources answer no longer names has ended
+too, and is unprepared here. Once none is held, the drivers' sockets go."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
-from agents.dra.cdi import CdiSpecs
-from agents.dra.checkpoint import (
-    CHECKPOINT,
-    CheckpointError,
-    ClaimCheckpoint,
-    PreparedClaim,
-    decode,
-)
+from agents.dra.claims import Claim, ClaimError
+from agents.dra.driver import ClaimRef, ClaimStore, Driver
+from agents.dra.server import DriverServer
 from agents.plugin.kubelet_facts import PodResources
-from agents.tasks import off_loop
+from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
 POLL_S = 5.0  # while a claim is held: how often the kubelet is asked which still run
+REFUSED = "this node serves its devices through device plugins (node-agent --api device-plugin)"
 
 
 class DraHoldings:
-    """What the DRA checkpoints of `drivers` hold, by (resource, device ID). Used from the
-    event loop; `run` keeps it current until nothing is held."""
+    """What the DRA checkpoints hold, by device ID. Used from the event loop; `run`
+    serves the drivers and keeps it current until nothing is held."""
 
-    def __init__(self, plugins_dir: Path, cdi_root: Path, pod_resources: PodResources) -> None:
+    def __init__(
+        self, plugins_dir: Path, registry_dir: Path, cdi_root: Path, pod_resources: PodResources
+    ) -> None:
         self._plugins_dir = plugins_dir
-        self._cdi = CdiSpecs(cdi_root)
+        self._registry_dir = registry_dir
+        self._cdi_root = cdi_root
         self._pod_resources = pod_resources
-        self._claims: dict[str, dict[str, PreparedClaim]] = {}  # driver -> uid -> claim
+        self._drivers: dict[str, Driver] = {}
         self._held: frozenset[str] = frozenset()  # device IDs
         self.version = 0
         self._changed = asyncio.Event()
@@ -53,39 +52,26 @@ class DraHoldings:
             await self._changed.wait()
 
     async def load(self, drivers: Sequence[str]) -> None:
-        """Read the drivers' checkpoints (a corrupt one: said, and taken as empty)."""
-        for driver in drivers:
-            read = functools.partial(self._read, driver)
-            self._claims[driver] = await off_loop(read, f"{driver}-dra-checkpoint")
+        """Take up the drivers' checkpoints (a corrupt one: kept aside, said, empty)."""
+        for name in drivers:
+            store = ClaimStore(name, self._plugins_dir, self._cdi_root)
+            driver = Driver(name, "", store, _refuse, on_change=self._update)
+            await driver.restore()
+            self._drivers[name] = driver
         self._update()
         if self._held:
             log.info(
                 "devices_held_by_dra_claims",
                 devices=sorted(self._held),
-                claims=sum(len(c) for c in self._claims.values()),
-                effect="not advertised until those claims end",
+                claims=sum(len(d.prepared) for d in self._drivers.values()),
+                effect="not advertised until those claims are unprepared",
             )
-
-    def _read(self, driver: str) -> dict[str, PreparedClaim]:
-        path = self._plugins_dir / driver / CHECKPOINT
-        try:
-            text = path.read_bytes()
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            log.warning("dra_checkpoint_unreadable", path=str(path), error=str(exc))
-            return {}
-        try:
-            return decode(text, path)
-        except CheckpointError as exc:
-            log.warning("dra_checkpoint_unusable", path=str(path), error=str(exc))
-            return {}
 
     def _update(self) -> None:
         held = frozenset(
             d.device_id
-            for claims in self._claims.values()
-            for claim in claims.values()
+            for driver in self._drivers.values()
+            for claim in driver.prepared.values()
             for d in claim.devices
             if not d.admin_access and d.device_id
         )
@@ -96,37 +82,42 @@ class DraHoldings:
             self._changed = asyncio.Event()
 
     async def run(self) -> None:
-        """Free the claims that have ended, until none is held."""
-        while self._held:
-            await asyncio.sleep(POLL_S)
-            running = await self._pod_resources.claims()
-            if running is None:
-                continue  # no answer: withheld all the same (said once by the client)
-            for driver, claims in self._claims.items():
-                ended = {u: c for u, c in claims.items() if (c.namespace, c.name) not in running}
-                if ended:
-                    await self._unprepare(driver, ended)
-            self._update()
-        await self._pod_resources.close()
-
-    async def _unprepare(self, driver: str, ended: dict[str, PreparedClaim]) -> None:
-        left = {u: c for u, c in self._claims[driver].items() if u not in ended}
-        path = self._plugins_dir / driver / CHECKPOINT
+        """Serve the drivers that hold claims for the kubelet's unprepare, and free the
+        claims whose pods are gone, until none is held."""
+        servers = [
+            DriverServer(d, self._registry_dir, self._plugins_dir, list, asyncio.Event)
+            for d in self._drivers.values()
+            if d.prepared
+        ]
         try:
-            await off_loop(lambda: ClaimCheckpoint(path).save(left), f"{driver}-dra-checkpoint")
-            for uid in ended:
-                await off_loop(
-                    functools.partial(self._cdi.remove, driver, uid), f"{driver}-dra-cdi"
-                )
-        except OSError as exc:
-            log.warning("dra_claims_unprepare_failed", driver=driver, error=str(exc))
-            return
-        self._claims[driver] = left
-        for uid, claim in ended.items():
-            log.info(
-                "dra_claim_ended",
-                driver=driver,
-                claim=f"{claim.namespace}/{claim.name} ({uid})",
-                devices=[d.device for d in claim.devices],
-                effect="advertised again",
-            )
+            for server in servers:
+                await server.start()
+            if servers:
+                log.info("dra_unprepare_served", drivers=[s.driver.name for s in servers])
+            while self._held:
+                await first(self.wait_newer(self.version), asyncio.sleep(POLL_S))
+                await self._free_ended()
+        finally:
+            for server in servers:
+                await server.stop()
+            await self._pod_resources.close()
+        if servers:
+            log.info("dra_claims_all_unprepared", effect="every device advertised")
+
+    async def _free_ended(self) -> None:
+        running = await self._pod_resources.claims()
+        if running is None:
+            return  # no answer: the kubelet's own unprepare will come (said once already)
+        for driver in self._drivers.values():
+            for uid, claim in list(driver.prepared.items()):
+                if (claim.namespace, claim.name) not in running:
+                    log.info(
+                        "dra_claim_ended",
+                        driver=driver.name,
+                        claim=f"{claim.namespace}/{claim.name} ({uid})",
+                    )
+                    await driver.forget(uid)
+
+
+async def _refuse(claim: ClaimRef) -> Claim:
+    raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name}: {REFUSED}")

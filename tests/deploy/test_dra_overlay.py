@@ -37,7 +37,7 @@ NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 # directory is only read (the kubelet's checkpoint), and the rest as in the base.
 DRA_WRITABLE = {
     PLUGINS_DIR: "Directory",
-    REGISTRY_DIR: "Directory",
+    REGISTRY_DIR: "DirectoryOrCreate",
     CDI_ROOT: "DirectoryOrCreate",
     NFD_FEATURES_DIR: "DirectoryOrCreate",
     # The base's, for a node moved back from DRA mode: the drivers' own directories.
@@ -229,7 +229,7 @@ def test_differs_from_the_base_only_in_what_agent_kustomization_lists() -> None:
     base_volumes = [v for v in pod_spec(base)["volumes"] if "configMap" not in v]
     assert dra_volumes[: len(base_volumes)] == base_volumes
     added = {v["name"]: v["hostPath"]["path"] for v in dra_volumes[len(base_volumes) :]}
-    assert added == {"kubelet-plugins": PLUGINS_DIR, "kubelet-plugins-registry": REGISTRY_DIR}
+    assert added == {"kubelet-plugins": PLUGINS_DIR}
     mounts = agent_container(dra)["volumeMounts"]
     base_mounts = agent_container(base)["volumeMounts"]
     assert [m for m in mounts if m["mountPath"] != DEVICE_PLUGIN_DIR][: len(base_mounts) - 1] == [

@@ -26,14 +26,18 @@ IMAGE = "ghcr.io/node-agents/node-agent:0.1.0"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 # The host paths the agent writes to; every other hostPath must be mounted read-only.
-# The DRA drivers' own plugin directories and the CDI specs: a node moved from DRA mode
-# unprepares the claims prepared there once their pods end (docs/dra.md).
-DRA_CLAIM_DIRS = frozenset(
-    {"/var/lib/kubelet/plugins/gpu.nvidia.com", "/var/lib/kubelet/plugins/roce.node-agents.io"}
+# The DRA drivers' own plugin directories, the CDI specs and the plugin registry: a node
+# moved from DRA mode serves the drivers for the kubelet to unprepare the claims prepared
+# there as their pods end (docs/dra.md).
+DRA_DIRS = frozenset(
+    {
+        "/var/lib/kubelet/plugins/gpu.nvidia.com",
+        "/var/lib/kubelet/plugins/roce.node-agents.io",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+    }
 )
-WRITABLE_HOST_PATHS = (
-    frozenset({DEVICE_PLUGIN_DIR, NFD_FEATURES_DIR, "/var/run/cdi"}) | DRA_CLAIM_DIRS
-)
+WRITABLE_HOST_PATHS = frozenset({DEVICE_PLUGIN_DIR, NFD_FEATURES_DIR}) | DRA_DIRS
 # Capabilities added back after dropping ALL. Empty: daemonset/base/daemonset.yaml says
 # why none of the usual candidates is needed; adding one must change this line too.
 JUSTIFIED_CAPABILITIES: frozenset[str] = frozenset()

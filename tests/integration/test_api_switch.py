@@ -1,7 +1,8 @@
 """A node moved from DRA mode back to device plugins: a real `node-agent run` process keeps
-the devices that claims of the DRA checkpoints hold out of its lists until the kubelet's
-pod-resources answer no longer names those claims, then unprepares them (checkpoint and
-CDI spec) and advertises the devices again; without that answer they stay out."""
+the devices that claims of the DRA checkpoints hold out of its lists until those claims
+are unprepared, by the kubelet through the drivers it serves for that meanwhile (and
+prepare refuses), or by itself once the kubelet's pod-resources answer no longer names
+them; then the devices are advertised again and the drivers' sockets go."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from agents.dra.holdings import POLL_S
 from agents.standin.kubelet import Kubelet
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
+from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
 
 GPU, NIC = "nvidia.com/gpu", "rdma/roce"
+DRIVERS = ("gpu.nvidia.com", "roce.node-agents.io")
 WAIT = 20.0
 
 
@@ -94,6 +97,7 @@ def args(tmp_path: Path, node_file: Path, plugin_dir: Path) -> list[str]:
     return [
         *("run", "--simulate", str(node_file), "--device-plugin-dir", str(plugin_dir)),
         *("--kubelet-plugins-dir", str(tmp_path / "plugins"), "--cdi-root", str(tmp_path / "cdi")),
+        *("--kubelet-registry-dir", str(tmp_path / "registry")),
     ]
 
 
@@ -135,3 +139,34 @@ async def test_without_pod_resources_the_devices_stay_out(
     assert kubelet.allocatable() == {GPU: 7, NIC: 7}
     checkpoint = ClaimCheckpoint(tmp_path / "plugins" / "gpu.nvidia.com" / "checkpoint.json")
     assert list(checkpoint.load()) == ["u1"]
+
+
+async def test_the_kubelet_unprepares_through_the_drivers_served_meanwhile(
+    tmp_path: Path,
+    held: tuple[str, str],
+    args: list[str],
+    kubelet: Kubelet,
+    start_agent: Callable[[Sequence[str]], AgentProcess],
+) -> None:
+    watcher = PluginWatcher(tmp_path / "registry")
+    await watcher.start()
+    dra = DraKubelet(watcher)
+    try:
+        start_agent([*args, "--pod-resources-socket", str(tmp_path / "none.sock")])
+        await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 7, NIC: 7}, WAIT)
+        for driver in DRIVERS:
+            await watcher.registered(driver, WAIT)
+        answer = await dra.prepare("gpu.nvidia.com", [("ns", "u2", "c2")])
+        assert "device plugins" in answer.claims["u2"].error
+        again = await dra.prepare("gpu.nvidia.com", [("ns", "u1", "c1")])  # a kubelet retry
+        assert again.claims["u1"].error == ""
+        for driver in DRIVERS:  # the pod ends: the kubelet unprepares its claim
+            done = await dra.unprepare(driver, [("ns", "u1", "c1")])
+            assert done.claims["u1"].error == ""
+        await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 8, NIC: 8}, WAIT)
+        for driver in DRIVERS:
+            await watcher.gone(driver, WAIT)
+            assert CdiSpecs(tmp_path / "cdi").written(driver) == []
+    finally:
+        await dra.close()
+        await watcher.stop()

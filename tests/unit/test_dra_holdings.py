@@ -20,7 +20,7 @@ async def test_held_devices_and_their_replicas_are_withheld(tmp_path: Path) -> N
     )
     path = tmp_path / "gpu.nvidia.com" / "checkpoint.json"
     ClaimCheckpoint(path).save({"u": PreparedClaim("ns", "c", devices)})
-    holdings = DraHoldings(tmp_path, tmp_path / "cdi", PodResources(None))
+    holdings = DraHoldings(tmp_path, tmp_path / "registry", tmp_path / "cdi", PodResources(None))
     await holdings.load(["gpu.nvidia.com", "roce.node-agents.io"])
     assert holdings.holds("nvidia.com/gpu", "GPU-0")
     assert holdings.holds("nvidia.com/gpu", "GPU-0::3")
@@ -31,11 +31,11 @@ async def test_held_devices_and_their_replicas_are_withheld(tmp_path: Path) -> N
     assert holdings.version == 1
 
 
-async def test_a_corrupt_checkpoint_holds_nothing_and_stays_in_place(tmp_path: Path) -> None:
+async def test_a_corrupt_checkpoint_holds_nothing_and_is_kept_aside(tmp_path: Path) -> None:
     path = tmp_path / "gpu.nvidia.com" / "checkpoint.json"
     path.parent.mkdir()
     path.write_text("{not json")
-    holdings = DraHoldings(tmp_path, tmp_path / "cdi", PodResources(None))
+    holdings = DraHoldings(tmp_path, tmp_path / "registry", tmp_path / "cdi", PodResources(None))
     await holdings.load(["gpu.nvidia.com"])
     assert not holdings.holds("nvidia.com/gpu", "GPU-0")
-    assert path.read_text() == "{not json"
+    assert path.with_name("checkpoint.json.corrupt").read_text() == "{not json"
