@@ -38,6 +38,7 @@ class DraHoldings:
         self._pod_resources = pod_resources
         self._drivers: dict[str, Driver] = {}
         self._held: frozenset[str] = frozenset()  # device IDs
+        self._missing: set[tuple[str, str]] = set()  # (driver, claim UID) unlisted last time
         self.version = 0
         self._changed = asyncio.Event()
 
@@ -105,12 +106,21 @@ class DraHoldings:
             log.info("dra_claims_all_unprepared", effect="every device advertised")
 
     async def _free_ended(self) -> None:
+        """Unprepare the claims that two answers in a row did not name (a kubelet just
+        restarted may list no pod for a moment)."""
         running = await self._pod_resources.claims()
         if running is None:
             return  # no answer: the kubelet's own unprepare will come (said once already)
+        missing = {
+            (driver.name, uid)
+            for driver in self._drivers.values()
+            for uid, claim in driver.prepared.items()
+            if (claim.namespace, claim.name) not in running
+        }
+        ended, self._missing = missing & self._missing, missing
         for driver in self._drivers.values():
             for uid, claim in list(driver.prepared.items()):
-                if (claim.namespace, claim.name) not in running:
+                if (driver.name, uid) in ended:
                     log.info(
                         "dra_claim_ended",
                         driver=driver.name,
