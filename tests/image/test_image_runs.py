@@ -23,6 +23,7 @@ import pytest
 from agents.sim.root import SUBTREE
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.deploy.manifests import Obj, agent_container, flag, render
+from tests.deploy.test_manifests import DRA_DIRS
 from tests.image.podman import REPO, PodRun, build_image, container_state, logs, podman, run_once
 from tests.nvml.library import STATE_ENV, build
 from tests.nvml.nodes import from_profile
@@ -68,6 +69,9 @@ def host_dirs() -> Iterator[dict[str, Path]]:
     made = {path: Path(tempfile.mkdtemp(prefix="img-")) for path in (DEVICE_PLUGINS, NFD_DIR)}
     made[POD_RESOURCES] = Path(tempfile.mkdtemp(prefix="img-pr-"))
     made[SIM_ROOT] = Path(tempfile.mkdtemp(prefix="img-sim-"))
+    # The DRA drivers' directories, the plugin registry and the CDI specs: empty here.
+    for path in DRA_DIRS:
+        made[path] = Path(tempfile.mkdtemp(prefix="img-dra-"))
     made["/sys"] = Path("/sys")
     yield made
     for path, directory in made.items():
