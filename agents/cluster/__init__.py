@@ -27,12 +27,12 @@ async def cluster_reporter(
 ) -> Reporter | None:
     """The reporter for this node, or None (said in one log line) when the node's name or
     the API server is unknown: the device plugins serve either way."""
-    node = env.get(NODE_NAME_ENV) or node_name
+    node = this_node(node_name, env)
     if not node:
         log.info("cluster_reports_off", reason=f"no node name: env {NODE_NAME_ENV} or --node-name")
         return None
     try:
-        access: Access | None = await asyncio.to_thread(_access, kubeconfig, env)
+        access = await api_access(kubeconfig, env)
     except (AgentError, OSError, ValueError) as exc:
         log.warning("cluster_reports_off", reason=str(exc), effect="device plugins keep serving")
         return None
@@ -45,8 +45,17 @@ async def cluster_reporter(
     return Reporter(node, ApiClient(access))
 
 
-def _access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
-    return from_kubeconfig(kubeconfig) if kubeconfig is not None else in_cluster(env)
+def this_node(node_name: str | None, env: Mapping[str, str]) -> str | None:
+    """The node's name: env NODE_NAME, else --node-name."""
+    return env.get(NODE_NAME_ENV) or node_name
 
 
-__all__ = ["NODE_NAME_ENV", "cluster_reporter"]
+async def api_access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
+    """The API server from --kubeconfig, else the pod's service account; None when
+    neither. Raises AgentError, OSError or ValueError for an unusable one."""
+    if kubeconfig is not None:
+        return await asyncio.to_thread(from_kubeconfig, kubeconfig)
+    return await asyncio.to_thread(in_cluster, env)
+
+
+__all__ = ["NODE_NAME_ENV", "api_access", "cluster_reporter", "this_node"]

@@ -235,7 +235,7 @@ class DraRuntime:
     async def _follow_devices(self) -> None:
         """Publish again whenever a resource's devices or health change."""
         while True:
-            inventories = [r.inventory for f in self._families() for r in f.resources()]
+            inventories = [r.inventory for r in self._resources()]
             versions = [i.version for i in inventories]
             self._wake.clear()
             await first(
@@ -249,7 +249,7 @@ class DraRuntime:
         answer (a deleted pod leaves it at once), else its checkpoint, which keeps the
         entries of ended pods until the next device admission: held for longer, never
         handed out twice."""
-        ours = [r.name for f in self._families() for r in f.resources()]
+        ours = [r.name for r in self._resources()]
         held: set[tuple[str, str]] = set()
         listing = await self._pod_resources.list()
         if listing is not None:

@@ -4,15 +4,13 @@ of prepare, and each driver's checkpoint and CDI specs."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 
-from agents.cluster import NODE_NAME_ENV
-from agents.cluster.access import Access, from_kubeconfig, in_cluster
+from agents.cluster import NODE_NAME_ENV, api_access, this_node
 from agents.cluster.client import ApiClient
 from agents.dra.capacity import clear_stale_zeros
 from agents.dra.claims import (
@@ -69,18 +67,19 @@ async def dra_maker(
 ) -> Callable[[Callable[[], Sequence[Family]]], DraRuntime]:
     """The DRA runtime's maker for the agent. ConfigError when the node's name or the API
     server is unknown: DRA mode has no use without them."""
-    node = env.get(NODE_NAME_ENV) or node_name
+    node = this_node(node_name, env)
     if not node:
         raise ConfigError("--api dra", "--node-name", f"this node's name (or env {NODE_NAME_ENV})")
     try:
-        access = await asyncio.to_thread(_access, kubeconfig, env)
+        access = await api_access(kubeconfig, env)
     except (AgentError, OSError, ValueError) as exc:
         raise ConfigError("--api dra", "--kubeconfig", f"API server access: {exc}") from exc
     if access is None:
         raise ConfigError("--api dra", "--kubeconfig", "API server access (or run in a pod)")
     settings = settings_of(node)
-    publisher = SlicePublisher(node, ApiClient(access), device_taints=settings.device_taints)
-    claims = ApiClaims(ApiClient(access))
+    client = ApiClient(access)  # one pool for slices, claims and the Node; closed by claims
+    publisher = SlicePublisher(node, client, device_taints=settings.device_taints)
+    claims = ApiClaims(client)
 
     def make(families: Callable[[], Sequence[Family]]) -> DraRuntime:
         return DraRuntime(
@@ -93,7 +92,3 @@ async def dra_maker(
         )
 
     return make
-
-
-def _access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access | None:
-    return from_kubeconfig(kubeconfig) if kubeconfig is not None else in_cluster(env)
