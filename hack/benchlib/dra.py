@@ -26,7 +26,7 @@ from hack.benchlib.agent import AgentProcess, percentile
 from hack.benchlib.figures import Figure, below, info
 from hack.benchlib.lifecycle import IDLE_CPU_LIMIT, REGISTER_LIMIT_MS, RSS_LIMIT_MB
 from hack.benchlib.nodes import write_yaml
-from tests.standin.apiserver import ApiServer
+from tests.standin.apiserver import ApiServer, write_kubeconfig
 from tests.standin.dra_kubelet import Claim, DraKubelet, PluginWatcher
 
 NODE = "bench-dra-node"
@@ -81,7 +81,7 @@ class Bench:
 
     async def __aenter__(self) -> Bench:
         await self.server.start()
-        (self.work / "kubeconfig").write_text(yaml.safe_dump(_kubeconfig(self.server.url)))
+        write_kubeconfig(self.work / "kubeconfig", self.server.url, token="bench")
         await self.watcher.start()
         return self
 
@@ -118,17 +118,6 @@ class Bench:
 
 def _out(bench: Bench, gpu: str) -> bool:
     return gpu not in bench.devices(GPU)
-
-
-def _kubeconfig(url: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "bench",
-        "clusters": [{"name": "bench", "cluster": {"server": url}}],
-        "users": [{"name": "agent", "user": {"token": "bench"}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": "agent"}}],
-    }
 
 
 async def dra_figures(

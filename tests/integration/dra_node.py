@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import AgentProcess
-from tests.standin.apiserver import ApiServer
+from tests.standin.apiserver import ApiServer, write_kubeconfig
 from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
 
 NODE = "dra-node-1"
@@ -144,18 +144,6 @@ def ref(uid: str) -> tuple[str, str, str]:
     return ("ns", uid, f"c-{uid}")
 
 
-def kubeconfig(path: Path, url: str) -> None:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "lab",
-        "clusters": [{"name": "lab", "cluster": {"server": url}}],
-        "users": [{"name": "agent", "user": {"token": "t0ken"}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "agent"}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-
-
 @pytest.fixture
 async def dra_node(
     tmp_path: Path, start_agent: Callable[..., AgentProcess]
@@ -164,7 +152,7 @@ async def dra_node(
     await server.start()
     root = tmp_path / "dra"
     root.mkdir()
-    kubeconfig(root / "kubeconfig", server.url)
+    write_kubeconfig(root / "kubeconfig", server.url)
     (root / "registry").mkdir()
     watcher = PluginWatcher(root / "registry")
     await watcher.start()

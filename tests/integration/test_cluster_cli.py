@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
-from tests.standin.apiserver import REFUSE, ApiServer
+from tests.standin.apiserver import REFUSE, ApiServer, write_kubeconfig
 
 NODE = "sim-node-1"
 WAIT = 20.0  # a process start on a loaded 2-core machine
@@ -27,19 +26,6 @@ async def server() -> AsyncIterator[ApiServer]:
     await server.start()
     yield server
     await server.stop()
-
-
-def kubeconfig(path: Path, url: str) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "lab",
-        "clusters": [{"name": "lab", "cluster": {"server": url}}],
-        "users": [{"name": "agent", "user": {"token": "t0ken"}}],
-        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "agent"}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
 
 
 def args(node_file: Path, *more: str) -> list[str]:
@@ -63,7 +49,7 @@ async def test_xid_through_the_cli_reaches_the_api_server(
     edit_node: Callable[..., None],
     start_agent: Callable[[Sequence[str]], AgentProcess],
 ) -> None:
-    config = kubeconfig(node_file.parent / "kubeconfig", server.url)
+    config = write_kubeconfig(node_file.parent / "kubeconfig", server.url)
     agent = start_agent(args(node_file, "--kubeconfig", str(config), "--node-name", NODE))
     condition = lambda: server.store.condition(NODE, "DevicesHealthy") or {}  # noqa: E731
     await async_wait_until(lambda: condition().get("status") == "True", WAIT)
@@ -99,7 +85,7 @@ async def test_a_refusing_api_server_is_one_log_line_while_the_agent_serves(
     tmp_path: Path,
 ) -> None:
     await server.set_mode(REFUSE)
-    config = kubeconfig(tmp_path / "kubeconfig", server.url)
+    config = write_kubeconfig(tmp_path / "kubeconfig", server.url)
     agent = start_agent(args(node_file, "--kubeconfig", str(config), "--node-name", NODE))
     await async_wait_until(lambda: "cluster_unreachable" in agent.stderr, WAIT)
     await async_wait_until(lambda: "agent_started" in agent.stderr, WAIT)

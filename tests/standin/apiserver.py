@@ -17,7 +17,10 @@ import re
 import ssl
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
+
+import yaml
 
 from tests.standin.apistore import JSON_PATCH, Match, Obj, StatusError, Store, everything
 
@@ -416,6 +419,20 @@ async def _read_request(reader: asyncio.StreamReader) -> Request | None:
         headers.get("connection", "").lower() == "close",
         headers.get("authorization", "").removeprefix("Bearer "),
     )
+
+
+def write_kubeconfig(path: Path, url: str, token: str = "t0ken") -> Path:
+    """A kubeconfig at `path` for the API server at `url`, with a bearer token."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": url}}],
+        "users": [{"name": "agent", "user": {"token": token}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "agent"}}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 async def _main(port: int, nodes: tuple[str, ...], mode: str) -> None:

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from structlog.testing import capture_logs
 
 from agents.cluster import cluster_reporter
-
-
-def _kubeconfig(path: Path) -> Path:
-    doc = {
-        "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }
-    path.write_text(yaml.safe_dump(doc))
-    return path
+from tests.standin.apiserver import write_kubeconfig
 
 
 async def test_env_node_name_comes_first_then_the_flag(tmp_path: Path) -> None:
-    config = _kubeconfig(tmp_path / "k")
+    config = write_kubeconfig(tmp_path / "k", "http://127.0.0.1:1")
     reporter = await cluster_reporter(config, "from-flag", {"NODE_NAME": "from-env"})
     assert reporter is not None and reporter.node == "from-env"
     reporter = await cluster_reporter(config, "from-flag", {})
@@ -31,7 +20,10 @@ async def test_env_node_name_comes_first_then_the_flag(tmp_path: Path) -> None:
 
 async def test_no_node_name_is_one_line_and_no_reporter(tmp_path: Path) -> None:
     with capture_logs() as logs:
-        assert await cluster_reporter(_kubeconfig(tmp_path / "k"), None, {}) is None
+        assert (
+            await cluster_reporter(write_kubeconfig(tmp_path / "k", "http://127.0.0.1:1"), None, {})
+            is None
+        )
     assert [e["event"] for e in logs] == ["cluster_reports_off"]
 
 
