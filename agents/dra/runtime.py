@@ -19,14 +19,16 @@ from agents.dra.claims import Claim
 from agents.dra.devices import DraDevices
 from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
+from agents.errors import BackendError
 from agents.family import Family
+from agents.hw.inotify import Change, DirectoryWatch
 from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.plugin.resource import Resource
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
-SOCKET_CHECK_S = 2.0  # how often our sockets are looked for (someone may remove them)
+UNWATCHED_CHECK_S = 2.0  # how often our sockets are looked for when inotify cannot watch
 REGISTRATION_WAIT_S = 5.0  # how long slices wait for the kubelet to register the drivers
 HELD_POLL_S = 5.0  # while running pods hold devices through device plugins: asked again
 STALE_RETRY_S = 30.0  # checkpointed claims of an unreachable API server: asked again
@@ -281,13 +283,26 @@ class DraRuntime:
 
     async def _keep_sockets(self) -> None:
         """Serve again on fresh sockets when ours were removed (the kubelet's plugin
-        watcher then registers the driver anew)."""
+        watcher then registers the driver anew). The directories are watched with
+        inotify: nothing runs while the sockets stay."""
         while True:
-            await asyncio.sleep(SOCKET_CHECK_S)
-            for name, server in self.servers.items():
-                if not server.sockets_present():
-                    log.warning("dra_socket_removed", driver=name)
-                    await server.restart()
+            dirs = {self.settings.registry_dir} | {s.service.parent for s in self.servers.values()}
+            try:
+                watches = [DirectoryWatch(d, Change.DELETED | Change.DIR_GONE) for d in dirs]
+            except BackendError:  # a directory gone (serving again makes it anew), or no watch
+                watches = []
+            try:
+                if not watches:
+                    await asyncio.sleep(UNWATCHED_CHECK_S)
+                elif all(s.sockets_present() for s in self.servers.values()):
+                    await first(*(w.changed() for w in watches))
+                for name, server in self.servers.items():
+                    if not server.sockets_present():
+                        log.warning("dra_socket_removed", driver=name)
+                        await server.restart()
+            finally:
+                for watch in watches:
+                    watch.close()
 
     async def _free_stale_claims(self) -> None:
         """Claims of the checkpoint whose ResourceClaim is gone (or is another one by
