@@ -46,6 +46,11 @@ class DraDevice:
     capacity: Mapping[str, str] = field(default_factory=dict)  # quantities: "81920Mi"
 
 
+def takes_none(parameters: Mapping[str, object]) -> str:
+    """A driver's answer to any opaque config when it takes none."""
+    return "this driver takes no opaque configuration"
+
+
 @dataclass(frozen=True)
 class DraDevices:
     """A family's devices as one DRA driver publishes them, and how an Unhealthy one's
@@ -55,10 +60,7 @@ class DraDevices:
     devices: tuple[DraDevice, ...]
     taint: Callable[[str | None], Taint]
     # An opaque claim config's parameters: None if the driver takes them, else why not.
-    accepts: Callable[[Mapping[str, object]], str | None] = field(default=lambda _: NO_CONFIG)
-
-
-NO_CONFIG = "this driver takes no opaque configuration"
+    accepts: Callable[[Mapping[str, object]], str | None] = field(default=takes_none)
 
 
 def pci_attributes(

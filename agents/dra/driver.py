@@ -22,7 +22,7 @@ from agents.dra.checkpoint import (
     PreparedDevice,
 )
 from agents.dra.claims import AllocationResult, Claim, ClaimError
-from agents.dra.devices import NO_CONFIG, DraDevice, DraDevices
+from agents.dra.devices import DraDevice, DraDevices, takes_none
 from agents.plugin.resource import Resource
 from agents.tasks import off_loop
 
@@ -117,7 +117,7 @@ class Driver:
         self._on_change = on_change  # told after each change of `prepared`
         self._devices: dict[str, DraDevice] = {}
         self._resources: dict[str, Resource] = {}
-        self._accepts: Callable[[Mapping[str, object]], str | None] = lambda _: NO_CONFIG
+        self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
 
