@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,7 @@ import yaml
 
 from agents.core.device import DeviceSpec
 from agents.dra.cdi import CdiDevice, CdiSpecs, cdi_ids
+from tests.writers import file_size_limit
 
 DRIVER = "gpu.nvidia.com"
 UID = "0b1e2f3a-4c5d-6e7f-8091-a2b3c4d5e6f7"  # starts with a digit, as UIDs may
@@ -22,19 +19,6 @@ CTL = DeviceSpec("/dev/nvidiactl", "/dev/nvidiactl")
 GPU0 = CdiDevice("gpu-0", (DeviceSpec("/dev/nvidia0", "/dev/nvidia0"), CTL))
 GPU1 = CdiDevice("gpu-1", (DeviceSpec("/dev/nvidia1", "/run/sim/dev/nvidia1", "r"), CTL))
 ENV = {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "EMPTY": ""}
-
-
-@contextmanager
-def file_size_limit(size: int) -> Iterator[None]:
-    """Writes past `size` bytes fail with EFBIG (a full disk, as far as the writer sees)."""
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, old_limit[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def test_spec_file_is_named_after_driver_and_claim_and_has_cdi_version_and_kind(

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import signal
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,7 @@ from agents.dra.checkpoint import (
     encode,
 )
 from agents.errors import AgentError
+from tests.writers import file_size_limit
 
 UID = "0b1e2f3a-4c5d-6e7f-8091-a2b3c4d5e6f7"
 ENV_ID = f"k8s.gpu.nvidia.com/claim={UID}-env"
@@ -46,19 +43,6 @@ CLAIMS = {
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> ClaimCheckpoint:
     return ClaimCheckpoint(tmp_path / "gpu.nvidia.com" / "checkpoint.json")
-
-
-@contextmanager
-def file_size_limit(size: int) -> Iterator[None]:
-    """Writes past `size` bytes fail with EFBIG (a full disk, as far as the writer sees)."""
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, old_limit[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def test_a_missing_file_is_an_empty_checkpoint(checkpoint: ClaimCheckpoint) -> None:
