@@ -7,14 +7,13 @@ The file is rewritten atomically on start and whenever device health changes.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import structlog
 
+from agents.atomic_file import write_atomically
 from agents.plugin.resource import Inventory
 from agents.tasks import first
 
@@ -37,16 +36,7 @@ def prefixed(labels: Mapping[str, str]) -> dict[str, str]:
 def write_feature_file(path: Path, labels: Mapping[str, str]) -> None:
     """Replace the file atomically, so the reader never sees half of it."""
     text = "".join(f"{key}={value}\n" for key, value in labels.items())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, text.encode(), 0o644)
     log.info("node_labels_written", path=str(path), labels=len(labels))
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
+from agents.atomic_file import write_atomically
 from agents.core.device import DeviceSpec
-from agents.dra.atomic_file import write_atomically
 
 CDI_ROOT = Path("/var/run/cdi")
 CDI_VERSION = "0.5.0"  # the first version whose device names may start with a digit

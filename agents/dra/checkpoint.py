@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.atomic_file import write_atomically
 from agents.core.device import DeviceSpec
-from agents.dra.atomic_file import write_atomically
 from agents.errors import AgentError
 
 VERSION = 1
