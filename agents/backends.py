@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
@@ -29,13 +30,15 @@ class Backends:
     links: LinkMonitor
     dev_root: Path | None = None  # where device nodes live; None = the host's /
     simulated: SimulatedNode | None = None
+    lldp: NeighbourSource | None = None  # None: no LLDP is listened to
 
 
 def real_backends() -> Backends:
+    from agents.hw.lldp_listener import LldpListener
     from agents.hw.netlink import NetlinkMonitor
     from agents.hw.nvml_backend import NvmlBackend
 
-    return Backends(NvmlBackend(), Sysfs(), NetlinkMonitor())
+    return Backends(NvmlBackend(), Sysfs(), NetlinkMonitor(), lldp=LldpListener())
 
 
 def sim_root_parent() -> str | None:
@@ -53,16 +56,20 @@ async def simulated_backends(
 ) -> AsyncIterator[Backends]:
     """A simulated node materialised for as long as the context lasts: in a temporary root,
     or in the agent's own subtree of `root_parent` (--simulate-root)."""
+    from agents.hw.lldp_listener import LldpListener
     from agents.hw.netlink import NetlinkMonitor
     from agents.sim.root import sim_root
     from agents.sim.simnode import SimulatedNode  # the simulator: only for --simulate
 
-    # Ours to close: the simulated links follow the host's (veth in tests).
-    host_links = NetlinkMonitor()
+    # Ours to close: the simulated links and neighbours follow the host's (veth in tests).
+    host_links, host_lldp = NetlinkMonitor(), LldpListener()
     try:
         with sim_root(root_parent, sim_root_parent()) as root:
-            node = SimulatedNode(node_file, root, host_links=host_links)
+            node = SimulatedNode(node_file, root, host_links=host_links, host_lldp=host_lldp)
             node.load()
-            yield Backends(node.nvml, node.sysfs, node.links, node.dev_root, node)
+            yield Backends(
+                node.nvml, node.sysfs, node.links, node.dev_root, node, lldp=node.neighbours
+            )
     finally:
         host_links.close()
+        host_lldp.close()

@@ -23,6 +23,7 @@ from agents.tasks import cause, until
 
 if TYPE_CHECKING:
     from agents.backends import Backends
+    from agents.cluster.node_labels import NodeLabeller
     from agents.daemon import Agent, DraMaker, HealthReporter
     from agents.dra.holdings import DraHoldings
     from agents.family import FamilyKind
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"node-agent {__version__}")
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", help="run, topo or demo"
+        dest="command", required=True, metavar="COMMAND", help="run, topo, demo or fabric"
     )
     run = sub.add_parser("run", help="serve the device plugins until SIGTERM")
     run.add_argument(
@@ -139,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     topo.add_argument("--config", type=Path, metavar="FILE", help="configuration file (YAML)")
     topo.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
+    fabric = sub.add_parser("fabric", help="the cluster's leaf groups and spines, from Node labels")
+    fabric.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="the cluster's API server (default: the pod's service account)",
+    )
+    fabric.add_argument(
+        "--format",
+        choices=("table", "kueue", "volcano"),
+        default="table",
+        help="a table with node counts, a Kueue Topology or Volcano HyperNodes (YAML)",
+    )
     return parser
 
 
@@ -155,6 +169,12 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
         "--node-name",
         metavar="NAME",
         help="this node's name in the cluster (env NODE_NAME, which takes precedence)",
+    )
+    run.add_argument(
+        "--label-node",
+        action="store_true",
+        help="also patch the fabric labels (leaf group, spine) onto this node's Node "
+        "(needs patch on nodes; see docs/fabric.md)",
     )
 
 
@@ -228,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from agents.topo import show_topology
 
             return asyncio.run(show_topology(opts.simulate, opts.config, as_json=opts.json))
+        if opts.command == "fabric":
+            from agents.fabric import show_fabric
+
+            return asyncio.run(show_fabric(opts.kubeconfig, opts.format, os.environ))
         from agents.demo import run_demo
 
         return asyncio.run(run_demo())
@@ -282,6 +306,7 @@ async def _serve(
         else contextlib.nullcontext(real_backends())
     )
     reporter = await _cluster_reporter(opts)
+    labeller = await _node_labeller(opts) if opts.label_node else None
     dra = await _dra(opts) if opts.api == "dra" else None
     async with backends_cm as backends:
         agent = Agent(
@@ -296,6 +321,7 @@ async def _serve(
             reporter=reporter,
             dra=dra,
             dra_holdings=None if dra is not None else _dra_holdings(opts),
+            node_labeller=labeller,
         )
         # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
         # initialisation holds up neither the signal nor the exit.
@@ -355,6 +381,12 @@ async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:
     from agents.cluster import cluster_reporter  # only here: never in the RPC path
 
     return await cluster_reporter(opts.kubeconfig, opts.node_name, os.environ)
+
+
+async def _node_labeller(opts: argparse.Namespace) -> NodeLabeller:
+    from agents.cluster import node_labeller  # only here: never in the RPC path
+
+    return await node_labeller(opts.kubeconfig, opts.node_name, os.environ)
 
 
 def _freeze_heap() -> None:

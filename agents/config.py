@@ -24,9 +24,11 @@ from agents.configschema import (
     gpu_resource,
     host_root,
     integer,
+    label_value,
     link_layer,
     list_of,
     load_yaml,
+    mapping_of,
     one_of,
     pci_address,
     shared_name,
@@ -35,6 +37,7 @@ from agents.configschema import (
     text,
     vendor,
 )
+from agents.core.fabric import LABEL_KEY_SETS
 from agents.errors import ConfigError
 
 T = TypeVar("T")
@@ -140,6 +143,18 @@ class Health:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """What the node labels say of the fabric (docs/fabric.md)."""
+
+    spines: tuple[tuple[str, str], ...] = ()  # (leaf name, spine name), sorted by leaf
+    label_keys: tuple[str, ...] = ("node-agents",)  # key sets: node-agents, topograph
+
+    @property
+    def spine_map(self) -> dict[str, str]:
+        return dict(self.spines)
+
+
+@dataclass(frozen=True)
 class Config:
     version: str = "v1"
     flags: Flags = field(default_factory=Flags)
@@ -147,6 +162,7 @@ class Config:
     roce: Roce = field(default_factory=Roce)
     pairing: Pairing = field(default_factory=Pairing)
     health: Health = field(default_factory=Health)
+    fabric: Fabric = field(default_factory=Fabric)
     ignored_keys: tuple[str, ...] = ()
     """Key paths accepted for compatibility that have no effect here (to be logged once)."""
 
@@ -186,7 +202,10 @@ def _config(raw: object) -> Config:
     xids = health.value("disabledXids", list_of(integer(1)), tuple[int, ...]())
     recovery = health.value("xidRecovery", integer(0), 0)  # seconds; 0: never
     health_ = Health(frozenset(xids), recovery or None)
-    return Config(version, flags, sharing, roce, pairing, health_, tuple(top.ignored))
+    fabric = _fabric(top.section("fabric", ("spines", "labelKeys")))
+    return Config(
+        version, flags, sharing, roce, pairing, health_, fabric, ignored_keys=tuple(top.ignored)
+    )
 
 
 def _version(value: object) -> str:
@@ -194,7 +213,10 @@ def _version(value: object) -> str:
     return "v1" if value == "" else one_of(("v1",))(value)
 
 
-_TOP_KEYS = ("version", "flags", "sharing", "roce", "pairing", "health", "resources", "imex")
+_TOP_KEYS = (
+    *("version", "flags", "sharing", "roce", "pairing", "health", "fabric"),
+    *("resources", "imex"),
+)
 _PLUGIN_KEYS = (
     *("passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy"),
     *("cdiAnnotationPrefix", "sharedDevicesAllocationPolicy"),
@@ -371,3 +393,9 @@ def _roce(sec: Section) -> Roce:
         rdma_devices=sel.value("rdmaDevices", list_of(text), ()),
     )
     return Roce(sec.value("resourceName", extended_name, "rdma/roce"), selectors)
+
+
+def _fabric(sec: Section) -> Fabric:
+    spines = sec.value("spines", mapping_of(text, label_value), dict[str, str]())
+    keys = sec.value("labelKeys", list_of(one_of(LABEL_KEY_SETS)), Fabric().label_keys)
+    return Fabric(tuple(sorted(spines.items())), tuple(dict.fromkeys(keys)))

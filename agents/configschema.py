@@ -11,6 +11,8 @@ from typing import Literal, TypeVar
 
 import yaml
 
+from agents.core.fabric import is_label_value
+
 T = TypeVar("T")
 S = TypeVar("S", bound=str)
 Check = Callable[[object], T]
@@ -176,6 +178,31 @@ def list_of(
         return tuple(out)
 
     return check
+
+
+def mapping_of(key: Check[str], value: Check[T]) -> Check[dict[str, T]]:
+    """A mapping whose keys pass `key` and values pass `value`; errors name the key."""
+
+    def check(raw: object) -> dict[str, T]:
+        if not isinstance(raw, dict):
+            raise bad("a mapping", raw)
+        out: dict[str, T] = {}
+        for k, v in raw.items():
+            name = key(k)
+            try:
+                out[name] = value(v)
+            except SchemaError as err:
+                raise err.under(name) from None
+        return out
+
+    return check
+
+
+def label_value(value: object) -> str:
+    """A non-empty Kubernetes label value, as a node label carries it."""
+    if isinstance(value, str) and is_label_value(value):
+        return value
+    raise bad("a label value: at most 63 of A-Z a-z 0-9 . _ -, alphanumeric at both ends", value)
 
 
 class _StrictLoader(yaml.SafeLoader):

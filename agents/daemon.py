@@ -30,6 +30,7 @@ from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import Supervisor, cause, off_loop, until
 
 if TYPE_CHECKING:
+    from agents.cluster.node_labels import NodeLabeller
     from agents.dra.holdings import DraHoldings
     from agents.metrics import Metrics, MetricsServer
 
@@ -80,6 +81,8 @@ class Agent:
     dra: DraMaker | None = None  # serve through DRA instead of device plugins
     # Device-plugin mode: devices that claims of the DRA checkpoints hold, not advertised.
     dra_holdings: DraHoldings | None = None
+    # --label-node: the fabric's labels patched onto this node's Node.
+    node_labeller: NodeLabeller | None = None
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
@@ -254,13 +257,22 @@ class Agent:
             self.pairing.start({r.name: r.summary for r in self.resources()})
 
     def _start_labels(self) -> None:
-        """(Re)start the node-label loop on the current families."""
-        if self.nfd_features_file is None or self._supervisor is None:
+        """(Re)start the node-label loops (feature file, Node patches) on the current families."""
+        tasks, inventories = self._supervisor, [r.inventory for r in self.resources()]
+        if tasks is None:
             return
-        from agents.labels import keep_labels
+        from agents.labels import keep_labels, prefixed
 
-        path, inventories = self.nfd_features_file, [r.inventory for r in self.resources()]
-        self._supervisor.start("labels", lambda: keep_labels(path, self.labels, inventories))
+        if self.nfd_features_file is not None:
+            path = self.nfd_features_file
+            tasks.start("labels", lambda: keep_labels(path, self.labels, inventories))
+        labeller = self.node_labeller
+        if labeller is not None:
+
+            def wanted() -> dict[str, str]:
+                return prefixed(self.labels())
+
+            tasks.start("node-labels", lambda: labeller.run(wanted, inventories))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; any task failing stops the rest and is raised."""
@@ -294,6 +306,10 @@ class Agent:
             for family in self.families.values():
                 await family.close()
             self.backends.links.close()
+            if self.backends.lldp is not None:
+                self.backends.lldp.close()
+            if self.node_labeller is not None:
+                await self.node_labeller.aclose()
             if self.pairing is not None:
                 await self.pairing.close()
 

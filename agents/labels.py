@@ -29,8 +29,10 @@ def label_value(text: str) -> str:
 
 
 def prefixed(labels: Mapping[str, str]) -> dict[str, str]:
-    """Label names of the families as the node carries them, sorted."""
-    return {PREFIX + key: value for key, value in sorted(labels.items())}
+    """Label names of the families as the node carries them, sorted: a bare name gets our
+    prefix; one with a prefix of its own (the fabric's keys) stays as it is."""
+    full = {(key if "/" in key else PREFIX + key): value for key, value in labels.items()}
+    return dict(sorted(full.items()))
 
 
 def write_feature_file(path: Path, labels: Mapping[str, str]) -> None:

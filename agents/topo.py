@@ -13,6 +13,7 @@ from agents.backends import simulated_backends
 from agents.config import Config, load_config
 from agents.core.topology import Topology
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
+from agents.hw.lldp import Neighbour, NeighbourSource
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
@@ -28,25 +29,38 @@ LEGEND = (
 
 async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
     config = load_config(config_file) if config_file else Config.default()
-    async with _node(simulate) as (nvml, sysfs):
+    async with _node(simulate) as (nvml, sysfs, lldp):
         gpus = _gpus(nvml, sysfs)
         nics = discover_nics(sysfs, config.roce.selectors)
-    report = build_report(gpus, nics)
+        neighbours = _neighbours(lldp, nics)
+    report = build_report(gpus, nics, neighbours)
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
     return 0
 
 
 @contextlib.asynccontextmanager
-async def _node(simulate: Path | None) -> AsyncIterator[tuple[Nvml, Sysfs]]:
-    """The node's NVML and sysfs; a simulated node's tree is removed as the context ends,
-    error or not. No link states are read here, so no netlink socket is opened."""
+async def _node(
+    simulate: Path | None,
+) -> AsyncIterator[tuple[Nvml, Sysfs, NeighbourSource | None]]:
+    """The node's NVML, sysfs and, simulated, its LLDP neighbours; a simulated node's tree
+    is removed as the context ends, error or not. No link states are read here. A real
+    node's neighbours are not listened for: switches send a frame every 30 s or so, and
+    the running agent publishes what it heard (docs/fabric.md)."""
     if simulate is not None:
         async with simulated_backends(simulate) as backends:
-            yield backends.nvml, backends.sysfs
+            yield backends.nvml, backends.sysfs, backends.lldp
         return
     from agents.hw.nvml_backend import NvmlBackend  # pynvml: only on a real node
 
-    yield NvmlBackend(), Sysfs()
+    yield NvmlBackend(), Sysfs(), None
+
+
+def _neighbours(lldp: NeighbourSource | None, nics: list[Nic]) -> dict[str, Neighbour]:
+    if lldp is None:
+        return {}
+    lldp.watch(n.netdev for n in nics)
+    heard = {n.netdev: lldp.neighbour(n.netdev) for n in nics}
+    return {i: n for i, n in heard.items() if n is not None}
 
 
 def _gpus(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
@@ -61,7 +75,9 @@ def _names(gpus: list[Gpu], nics: list[Nic]) -> tuple[dict[str, str], dict[str, 
     return {g.uuid: f"GPU{g.index}" for g in gpus}, {n.pci: n.rdma for n in nics}
 
 
-def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
+def build_report(
+    gpus: list[Gpu], nics: list[Nic], neighbours: dict[str, Neighbour] | None = None
+) -> dict[str, Any]:
     gpu_names, nic_names = _names(gpus, nics)
     topology = Topology(
         {g.uuid: g.location for g in gpus if g.location is not None},
@@ -84,10 +100,7 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
             }
             for g in gpus
         ],
-        "nics": [
-            {"name": n.rdma, "pci": n.pci, "netdev": n.netdev, "numa": n.numa, "uverbs": n.uverbs}
-            for n in nics
-        ],
+        "nics": [_nic(n, (neighbours or {}).get(n.netdev)) for n in nics],
         "matrix": {
             names[a]: {names[b]: "X" if a == b else matrix.get((a, b), "-") for b in ids}
             for a in ids
@@ -97,6 +110,19 @@ def build_report(gpus: list[Gpu], nics: list[Nic]) -> dict[str, Any]:
             for g in gpus
             if g.uuid in topology.gpus
         },
+    }
+
+
+def _nic(nic: Nic, neighbour: Neighbour | None) -> dict[str, Any]:
+    """A NIC, with the leaf switch and port it is cabled to (null while unknown)."""
+    return {
+        "name": nic.rdma,
+        "pci": nic.pci,
+        "netdev": nic.netdev,
+        "numa": nic.numa,
+        "uverbs": nic.uverbs,
+        "leafSwitch": neighbour.leaf if neighbour else None,
+        "leafPort": neighbour.port_id if neighbour else None,
     }
 
 
@@ -128,8 +154,10 @@ def render(report: dict[str, Any]) -> str:
             f"  {g['name']:<8} {g['uuid']}  pci {g['pci']}  NUMA {g['numa']}  {g['model']}"
         )
     for n in report["nics"]:
+        leaf = f"{n['leafSwitch']} {n['leafPort']}" if n["leafSwitch"] else "-"
         lines.append(
             f"  {n['name']:<8} pci {n['pci']}  {n['netdev']}  NUMA {n['numa']}  {n['uverbs']}"
+            f"  leaf {leaf}"
         )
     names = list(report["matrix"])
     width = max([len(n) for n in names] + [4]) + 1

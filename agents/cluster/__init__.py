@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.cluster.access import Access, from_kubeconfig, in_cluster
-from agents.errors import AgentError
+from agents.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
+    from agents.cluster.node_labels import NodeLabeller
     from agents.cluster.reporter import Reporter
 
 log = structlog.get_logger(__name__)
@@ -45,6 +46,28 @@ async def cluster_reporter(
     return Reporter(node, ApiClient(access))
 
 
+async def node_labeller(
+    kubeconfig: Path | None, node_name: str | None, env: Mapping[str, str]
+) -> NodeLabeller:
+    """`--label-node`'s labeller for this node. ConfigError when the node's name or the API
+    server is unknown: the flag asks for what cannot then be done."""
+    node = this_node(node_name, env)
+    if not node:
+        raise ConfigError(
+            "--label-node", "--node-name", f"this node's name (or env {NODE_NAME_ENV})"
+        )
+    try:
+        access = await api_access(kubeconfig, env)
+    except (AgentError, OSError, ValueError) as exc:
+        raise ConfigError("--label-node", "--kubeconfig", f"API server access: {exc}") from exc
+    if access is None:
+        raise ConfigError("--label-node", "--kubeconfig", "API server access (or run in a pod)")
+    from agents.cluster.client import ApiClient
+    from agents.cluster.node_labels import NodeLabeller
+
+    return NodeLabeller(node, ApiClient(access))
+
+
 def this_node(node_name: str | None, env: Mapping[str, str]) -> str | None:
     """The node's name: env NODE_NAME, else --node-name."""
     return env.get(NODE_NAME_ENV) or node_name
@@ -58,4 +81,4 @@ async def api_access(kubeconfig: Path | None, env: Mapping[str, str]) -> Access 
     return await asyncio.to_thread(in_cluster, env)
 
 
-__all__ = ["NODE_NAME_ENV", "api_access", "cluster_reporter", "this_node"]
+__all__ = ["NODE_NAME_ENV", "api_access", "cluster_reporter", "node_labeller", "this_node"]

@@ -48,6 +48,13 @@ class Inventory:
         self._changed = asyncio.Event()
         return True
 
+    def touch(self) -> None:
+        """Wake waiters with the list unchanged: what is said of its devices besides the
+        list (DRA attributes, node labels) changed. ListAndWatch sends nothing for it."""
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def wait_newer(self, version: int) -> None:
         """Return once the version is newer than `version`."""
         while self._version <= version:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from agents.dra.devices import AttributeValue, DraDevice, Taint, pci_attributes
+from agents.dra.devices import OURS, AttributeValue, DraDevice, Taint, pci_attributes
+from agents.hw.lldp import Neighbour
 from agents.roce.discovery import Nic
 
 DRIVER = "roce.node-agents.io"
 LINK_DOWN_TAINT = Taint(f"{DRIVER}/link-down")
+LEAF_SWITCH = f"{OURS}/leafSwitch"
+LEAF_PORT = f"{OURS}/leafPort"
+MAX_STRING = 64  # the longest string attribute value a ResourceSlice takes
 
 
 def nic_name(pci: str) -> str:
@@ -16,11 +20,16 @@ def nic_name(pci: str) -> str:
     return "nic-" + pci.lower().replace(":", "-").replace(".", "-")
 
 
-def devices(nics: Iterable[Nic], resource: str) -> tuple[DraDevice, ...]:
+def devices(
+    nics: Iterable[Nic], resource: str, neighbours: Mapping[str, Neighbour] | None = None
+) -> tuple[DraDevice, ...]:
+    """The NICs' devices; a NIC whose netdev has a neighbour in `neighbours` also names
+    its leaf switch and port."""
     out = []
     for nic in nics:
         attributes: dict[str, AttributeValue] = {"ifName": nic.netdev, "rdmaDevice": nic.rdma}
         attributes.update(pci_attributes(nic.pci, nic.location, nic.numa))
+        attributes.update(leaf_attributes((neighbours or {}).get(nic.netdev)))
         out.append(DraDevice(nic_name(nic.pci), resource, nic.pci, attributes))
     return tuple(out)
 
@@ -28,3 +37,11 @@ def devices(nics: Iterable[Nic], resource: str) -> tuple[DraDevice, ...]:
 def taint(reason: str | None) -> Taint:
     """Every Unhealthy NIC's taint: its link is down (or not up: link_<state>)."""
     return LINK_DOWN_TAINT
+
+
+def leaf_attributes(neighbour: Neighbour | None) -> dict[str, AttributeValue]:
+    """The leaf switch (system name, else chassis ID) and port a NIC is cabled to, while
+    known; cut to the longest value a slice takes."""
+    if neighbour is None:
+        return {}
+    return {LEAF_SWITCH: neighbour.leaf[:MAX_STRING], LEAF_PORT: neighbour.port_id[:MAX_STRING]}

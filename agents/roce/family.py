@@ -3,6 +3,7 @@ state, and the NIC list kept current as functions come and go.
 
 Link changes are pushed by the kernel (netlink) and wake the loop at once; the RDMA
 port state in sysfs is a second signal, read on every wake and once per PORT_POLL_S.
+LLDP neighbours are followed beside them, woken only by the neighbour source.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
 from agents.dra.devices import DraDevices
 from agents.family import Family, HealthSink, Located
+from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
+from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
 from agents.roce.resource import RoceResource
 
 log = structlog.get_logger(__name__)
@@ -69,7 +72,9 @@ class RoceFamily:
         dev_root: str = "",
         health: HealthSink | None = None,
         pairing: PairingSide | None = None,
+        lldp: NeighbourSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        unknown_after_s: float = UNKNOWN_AFTER_S,
     ) -> None:
         self._sink = health  # told of each evaluation; must not block
         self._reasons: dict[str, str] = {}  # why each Unhealthy NIC turned so
@@ -84,6 +89,8 @@ class RoceFamily:
         )
         self._pushed: tuple[list[Nic], dict[str, bool]] | None = None  # last set_nics
         self._ports = found.ports  # as discovered: the state until the first wake
+        # The source is the agent's; `fabric_unknown` after unknown_after_s without a word.
+        self.fabric = FabricWatch(lldp, config.fabric, clock=clock, unknown_after_s=unknown_after_s)
         self._apply(self._nics, self._ports)
         log.info("nics_discovered", count=len(self._nics), nics=[n.pci for n in self._nics])
 
@@ -102,14 +109,22 @@ class RoceFamily:
 
     def labels(self) -> dict[str, str]:
         healthy = sum(1 for d in self._resource.inventory.devices if d.healthy)
-        return {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
+        own = {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
+        return own | self.fabric.labels()  # the fabric's keys carry their own prefixes
 
     def dra(self) -> DraDevices:
-        return DraDevices(dra.DRIVER, dra.devices(self._nics, self._resource.name), dra.taint)
+        devices = dra.devices(self._nics, self._resource.name, self.fabric.neighbours)
+        return DraDevices(dra.DRIVER, devices, dra.taint)
 
     async def run(self) -> None:
-        """Keep health and the NIC list current until cancelled."""
+        """Keep health, the NIC list and their neighbours current until cancelled."""
         self._publish()  # the state found at discovery, NICs already down included
+        self._watch_fabric()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.fabric.run(self._fabric_changed))
+            await self._follow_links()
+
+    async def _follow_links(self) -> None:
         while True:
             changed = await self._links.next_change(self._timeout())
             nics = self._nics
@@ -118,15 +133,33 @@ class RoceFamily:
             ports = await asyncio.to_thread(port_states, self._sysfs, nics)
             if self._apply(nics, ports):
                 self._publish()
+                self._watch_fabric()
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, RoceFamily):
             return
         self._health, self._reasons = earlier._health, earlier._reasons
+        self.fabric.follow(earlier.fabric)
         self._apply(self._nics, self._ports)
 
     async def close(self) -> None:
         """Nothing to give back: the links are the agent's."""
+
+    def _watch_fabric(self) -> None:
+        """Listen on the current NICs' netdevs; a change of what they hear is told."""
+        if self.fabric.watch(n.netdev for n in self._nics):
+            self._fabric_changed()
+
+    def _fabric_changed(self) -> None:
+        """Slices and labels read the neighbours again; the kubelet's list is unchanged."""
+        place = self.fabric.place()
+        log.info(
+            "fabric_neighbours",
+            leaves={i: n.leaf for i, n in sorted(self.fabric.neighbours.items())},
+            leaf_group=place.leaf_group if place else None,
+            spine=place.spine if place else None,
+        )
+        self._resource.inventory.touch()
 
     def _timeout(self) -> float:
         due = self._health.next_due()

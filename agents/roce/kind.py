@@ -17,7 +17,7 @@ log = structlog.get_logger(__name__)
 
 class RoceKind:
     name = "roce"
-    sections: tuple[str, ...] = ("roce", "pairing")
+    sections: tuple[str, ...] = ("roce", "pairing", "fabric")
     pairs_as: str | None = NIC
 
     def discover(self, config: Config, backends: Backends, source: str) -> NicsFound:
@@ -42,4 +42,5 @@ class RoceKind:
             dev_root="" if b.dev_root is None else str(b.dev_root),
             health=context.health,
             pairing=context.pairing,
+            lldp=b.lldp,
         )

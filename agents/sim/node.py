@@ -15,6 +15,7 @@ import yaml
 
 from agents.core.pci import is_pci_address
 from agents.errors import ConfigError
+from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
 from agents.sim.checks import check_node
 from agents.sim.fields import Fields, MappingValue
@@ -56,6 +57,7 @@ class NicSpec:
     link_layer: str = "Ethernet"  # Ethernet | InfiniBand
     link: str = "up"  # up | down
     uverbs: int | None = None  # /dev/infiniband/uverbs<N>; None without rdma
+    lldp: Neighbour | None = None  # the switch port its LLDP frames name; None: none heard
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,10 @@ def _mig(f: Fields, m: MappingValue, path: str) -> tuple[bool, tuple[MigInstance
 
 _NIC_KEYS = {
     *("pci", "upstream", "numa", "netdev", "rdma", "vendor", "linkLayer", "link", "uverbs"),
+    "lldp",
 }
+_LLDP_KEYS = {"systemName", "chassisId", "portId", "ttl", "portDescription"}
+LLDP_TTL_S = 120  # what switches commonly send: 4 x a 30 s interval
 
 
 def _nic(f: Fields, doc: object, path: str) -> NicSpec:
@@ -218,6 +223,23 @@ def _nic(f: Fields, doc: object, path: str) -> NicSpec:
         link_layer=f.choice(m, path, "linkLayer", ("Ethernet", "InfiniBand"), "Ethernet"),
         link=f.choice(m, path, "link", ("up", "down"), "up"),
         uverbs=_uverbs(f, m, path, rdma),
+        lldp=_lldp(f, m, path),
+    )
+
+
+def _lldp(f: Fields, m: MappingValue, path: str) -> Neighbour | None:
+    """`lldp: {chassisId, portId, systemName, portDescription, ttl}`: what the NIC hears."""
+    if m.get("lldp") is None:
+        return None
+    p = f"{path}.lldp"
+    doc = f.mapping(m["lldp"], p, _LLDP_KEYS)
+    any_text, expected = r"[^\x00]{1,255}", "a string of 1 to 255 characters"
+    return Neighbour(
+        chassis_id=f.string(doc, p, "chassisId", None, pattern=any_text, expected=expected),
+        port_id=f.string(doc, p, "portId", None, pattern=any_text, expected=expected),
+        ttl_s=f.integer(doc, p, "ttl", LLDP_TTL_S, minimum=0),
+        system_name=f.optional_string(doc, p, "systemName", any_text, expected) or "",
+        port_description=f.optional_string(doc, p, "portDescription", any_text, expected) or "",
     )
 
 

@@ -11,9 +11,11 @@ import structlog
 
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch
-from agents.hw.netlink import LinkMonitor
+from agents.hw.lldp import NeighbourSource
+from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.sim.links import SimLinkMonitor
+from agents.sim.neighbours import SimNeighbourSource
 from agents.sim.node import NodeSpec, parse_node
 from agents.sim.nvml import SimNvml
 from agents.sim.sysfs_tree import SysfsTree
@@ -25,17 +27,25 @@ T = TypeVar("T")
 class SimulatedNode:
     """`load()` once, then `run(stop)` applies every valid edit of the node file."""
 
-    def __init__(self, node_file: Path, root: Path, host_links: LinkMonitor | None = None) -> None:
+    def __init__(
+        self,
+        node_file: Path,
+        root: Path,
+        host_links: LinkMonitor | None = None,
+        host_lldp: NeighbourSource | None = None,
+    ) -> None:
         self.node_file = node_file
         self.tree = SysfsTree(root)
         self.sysfs = Sysfs(self.tree.sys)
         self.version = 0  # edits applied; 1 after load()
         self.rejected = 0  # edits refused (malformed or unreadable)
         self._host_links = host_links
+        self._host_lldp = host_lldp
         self._spec: NodeSpec | None = None
         self._text: str | None = None  # the file's text as last applied
         self._nvml: SimNvml | None = None
         self._links: SimLinkMonitor | None = None
+        self._neighbours: SimNeighbourSource | None = None
         self._applied = asyncio.Event()
         self.watching = asyncio.Event()  # set once run() sees every later edit
 
@@ -56,6 +66,10 @@ class SimulatedNode:
     def links(self) -> SimLinkMonitor:
         return _loaded(self._links)
 
+    @property
+    def neighbours(self) -> SimNeighbourSource:
+        return _loaded(self._neighbours)
+
     def load(self) -> NodeSpec:
         """Parse the file and build everything; ConfigError when it is malformed."""
         try:
@@ -69,6 +83,7 @@ class SimulatedNode:
         self.tree.apply(spec)
         self._nvml = SimNvml(spec)
         self._links = SimLinkMonitor(spec, self._host_links)
+        self._neighbours = SimNeighbourSource(spec, self._host_lldp, self._on_host)
         self._text = text
         self._applied_now(spec)
         return spec
@@ -103,10 +118,16 @@ class SimulatedNode:
         await asyncio.to_thread(self.tree.apply, spec)
         self.nvml.update(spec)
         self.links.update(spec)
+        self.neighbours.update(spec)
         self._text = text
         self._applied_now(spec)
         log.info("node_file_applied", file=source, version=self.version)
         return True
+
+    def _on_host(self, ifname: str) -> bool:
+        """Whether the host has this interface (a veth): then its own frames are heard."""
+        host = self._host_links
+        return host is not None and host.state(ifname) is not LinkState.ABSENT
 
     async def wait_version(self, version: int) -> None:
         """Wait until at least `version` edits have been applied."""

@@ -48,6 +48,7 @@ DRA_WRITABLE = {
 DRA_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaims"],
@@ -182,7 +183,7 @@ def test_security_settings_are_the_bases() -> None:
     dra, base = render(DRA), render(BASE)
     ctx = agent_container(dra)["securityContext"]
     assert ctx == agent_container(base)["securityContext"]
-    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW"]}
     assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
     for field in ("securityContext", "hostPID", "hostIPC", "hostNetwork"):
         assert pod_spec(dra).get(field) == pod_spec(base).get(field), field

@@ -41,8 +41,8 @@ def test_lab_runs_a_bundled_simulated_node_rooted_in_a_hostpath_at_the_same_path
 def test_lab_adds_only_mknod_and_keeps_every_other_security_setting_of_the_base() -> None:
     lab = agent_container(render(LAB))["securityContext"]
     base = agent_container(render(BASE))["securityContext"]
-    assert base["capabilities"] == {"drop": ["ALL"]}  # the base stays capability-free
-    assert lab["capabilities"] == {"drop": ["ALL"], "add": ["MKNOD"]}
+    assert base["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW"]}  # LLDP, nothing else
+    assert lab["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW", "MKNOD"]}
     lab.pop("capabilities")
     base.pop("capabilities")
     assert lab == base
@@ -65,7 +65,7 @@ def test_lab_differs_from_the_base_in_nothing_else() -> None:
     container = agent_container(lab)
     assert container.pop("args")[:-4] == agent_container(base)["args"]
     del container["image"], container["imagePullPolicy"]
-    container["securityContext"]["capabilities"].pop("add")
+    container["securityContext"]["capabilities"]["add"].remove("MKNOD")
     container["volumeMounts"] = [m for m in container["volumeMounts"] if m["mountPath"] != SIM_ROOT]
     spec = pod_spec(lab)
     spec["volumes"] = [v for v in spec["volumes"] if v.get("hostPath", {}).get("path") != SIM_ROOT]

@@ -38,9 +38,14 @@ DRA_DIRS = frozenset(
     }
 )
 WRITABLE_HOST_PATHS = frozenset({DEVICE_PLUGIN_DIR, NFD_FEATURES_DIR}) | DRA_DIRS
-# Capabilities added back after dropping ALL. Empty: daemonset/base/daemonset.yaml says
-# why none of the usual candidates is needed; adding one must change this line too.
-JUSTIFIED_CAPABILITIES: frozenset[str] = frozenset()
+# Capabilities added back after dropping ALL, by whether the agent runs RoCE: NET_RAW to
+# hear the switches' LLDP frames (docs/fabric.md), nothing else;
+# daemonset/base/daemonset.yaml says why none of the usual candidates is needed.
+# Adding one must change this line too.
+JUSTIFIED_CAPABILITIES: dict[bool, frozenset[str]] = {
+    True: frozenset({"NET_RAW"}),
+    False: frozenset(),
+}
 # The one family that needs the host's network namespace (netlink link events).
 HOST_NETWORK_FAMILY = "roce"
 
@@ -50,6 +55,7 @@ CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
 API_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},  # --label-node
 ]
 
 
@@ -86,15 +92,19 @@ def test_renders_namespace_serviceaccount_configmap_and_daemonset_in_one_namespa
 
 
 @variants
-def test_container_runs_unprivileged_with_no_capabilities_and_read_only_root(
+def test_container_runs_unprivileged_with_only_net_raw_for_roce_and_read_only_root(
     variant: str,
 ) -> None:
-    ctx = agent_container(render(variant))["securityContext"]
+    objs = render(variant)
+    ctx = agent_container(objs)["securityContext"]
     assert ctx["privileged"] is False
     assert ctx["allowPrivilegeEscalation"] is False
     assert ctx["readOnlyRootFilesystem"] is True
     assert ctx["capabilities"]["drop"] == ["ALL"]
-    assert frozenset(ctx["capabilities"].get("add", [])) == JUSTIFIED_CAPABILITIES
+    roce = HOST_NETWORK_FAMILY in families(objs)
+    assert frozenset(ctx["capabilities"].get("add", [])) == JUSTIFIED_CAPABILITIES[roce]
+    # Patching Node labels comes with the fabric's labels, and so with RoCE.
+    assert ("--label-node" in agent_container(objs)["args"]) is roce
 
 
 @variants
@@ -339,6 +349,8 @@ def test_overlays_only_add_the_families_flag_and_a_feature_file_of_their_own() -
     for overlay, family in (("gpu-only", "gpu"), ("roce-only", "roce")):
         args = agent_container(render(f"daemonset/overlays/{overlay}"))["args"]
         own = [f"{a}-{family}" if a == nfd else a for a in base]
+        if family == "gpu":  # no fabric labels without RoCE: not patched, never unset
+            own.remove("--label-node")
         assert args == [*own, "--families", family]
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from agents.backends import simulated_backends
 from agents.config import Config
+from agents.core.fabric import LEAF_GROUP
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
@@ -39,7 +40,7 @@ KEYS = {
         "roce.healthy",
         "gpu-nic.pairs",
     )
-}
+} | {LEAF_GROUP}  # the bundled node's NICs hear two leaf switches
 
 
 def parse(text: str) -> dict[str, str]:
@@ -108,9 +109,10 @@ async def test_feature_file_describes_the_node_on_start(labelled: Labelled) -> N
         PREFIX + "roce.count": "8",
         PREFIX + "roce.healthy": "8",
         PREFIX + "gpu-nic.pairs": "true",
+        LEAF_GROUP: "leaf-a.leaf-b",
     }
     for key, value in labels.items():
-        assert len(key.removeprefix(PREFIX)) <= 63
+        assert len(key.partition("/")[2]) <= 63
         assert len(value) <= 63 and VALID_VALUE.match(value), f"{key}={value!r}"
     # NFD reads every file of the directory: only ours may be there, readable by it.
     assert [p.name for p in labelled.features.parent.iterdir()] == ["node-agents"]

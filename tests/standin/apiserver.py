@@ -233,13 +233,8 @@ class ApiServer:
         method, path = request.method, request.path
         patch = request.body if isinstance(request.body, dict) else {}
         if m := NODES_PATH.match(path):
-            name, status = m.group(1), m.group(2)
-            if method == "GET":
-                return 200, self.store.node(name) if name else self.store.node_list()
-            if method == "PATCH" and name and status:
-                body = request.body if request.content_type == JSON_PATCH else patch
-                return 200, self.store.patch_node_status(name, body, request.content_type)
-        elif m := EVENTS_PATH.match(path):
+            return self._nodes(request, m.group(1), bool(m.group(2)))
+        if m := EVENTS_PATH.match(path):
             namespace, name = m.group(1), m.group(2)
             if method == "GET" and name is None:
                 return 200, self.store.event_list(namespace)
@@ -252,6 +247,17 @@ class ApiServer:
             elif method == "DELETE" and name is not None:
                 return 200, self.store.delete_event(namespace, name)
         raise StatusError(404, "NotFound", f"the server could not find {method} {path}")
+
+    def _nodes(self, request: Request, name: str | None, status: bool) -> tuple[int, Obj]:
+        method, body = request.method, request.body
+        if method == "GET":
+            return 200, self.store.node(name) if name else self.store.node_list()
+        if method == "PATCH" and name and status:
+            patch = body if request.content_type == JSON_PATCH or isinstance(body, dict) else {}
+            return 200, self.store.patch_node_status(name, patch, request.content_type)
+        if method == "PATCH" and name:
+            return 200, self.store.patch_node(name, body, request.content_type)
+        raise StatusError(404, "NotFound", f"the server could not find {method} {request.path}")
 
     def _resources(self, request: Request) -> tuple[int, Obj]:
         """The `resource.k8s.io/v1` paths: ResourceSlices, and reading ResourceClaims."""

@@ -110,6 +110,7 @@ class Store:
     nodes: dict[str, Obj] = field(default_factory=dict)
     events: dict[tuple[str, str], Obj] = field(default_factory=dict)
     statuses: list[tuple[str, Obj]] = field(default_factory=list)  # (node, status) patched
+    label_patches: list[tuple[str, Obj]] = field(default_factory=list)  # (node, labels patch)
     history: list[Change] = field(default_factory=list)
     version: int = 0  # the newest resourceVersion given out
     compacted: int = 0  # a watch from before this version is answered 410 Gone
@@ -121,11 +122,14 @@ class Store:
     device_taints: bool = True
     _uids: itertools.count[int] = field(default_factory=itertools.count)
 
-    def add_node(self, name: str) -> Obj:
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> Obj:
+        meta: Obj = {"name": name, "uid": f"uid-{name}", "resourceVersion": self._rv()}
+        if labels:
+            meta["labels"] = dict(labels)
         node = {
             "kind": "Node",
             "apiVersion": "v1",
-            "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": self._rv()},
+            "metadata": meta,
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
             },
@@ -168,6 +172,23 @@ class Store:
             raise StatusError(415, "UnsupportedMediaType", f"the body of type {content_type!r}")
         node["metadata"]["resourceVersion"] = self._rv()
         self.statuses.append((name, copy.deepcopy(node["status"])))
+        self._changed("MODIFIED", "Node", None, node)
+        return node
+
+    def patch_node(self, name: str, patch: object, content_type: str) -> Obj:
+        """A merge (or strategic-merge) patch of a Node's labels; anything else is refused."""
+        node = self.node(name)
+        if content_type not in (STRATEGIC, MERGE):
+            raise StatusError(415, "UnsupportedMediaType", f"the body of type {content_type!r}")
+        meta = patch.get("metadata") if isinstance(patch, dict) else None
+        if not isinstance(patch, dict) or set(patch) != {"metadata"} or not isinstance(meta, dict):
+            raise StatusError(422, "Invalid", "this stand-in patches only metadata.labels")
+        if set(meta) != {"labels"}:
+            raise StatusError(422, "Invalid", "this stand-in patches only metadata.labels")
+        labels = merge_patch(node["metadata"].get("labels", {}), meta["labels"])
+        node["metadata"]["labels"] = labels
+        node["metadata"]["resourceVersion"] = self._rv()
+        self.label_patches.append((name, copy.deepcopy(meta["labels"])))
         self._changed("MODIFIED", "Node", None, node)
         return node
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agents.config import (
     Config,
+    Fabric,
     Flags,
     Health,
     Pairing,
@@ -670,3 +671,46 @@ def test_any_text_parses_or_is_a_config_error(text: str) -> None:
         parse_config(text, "c.yaml")
     except ConfigError as err:
         assert "\n" not in str(err)
+
+
+def test_fabric_defaults_to_our_label_keys_and_no_spines() -> None:
+    assert Config.default().fabric == Fabric((), ("node-agents",))
+
+
+def test_fabric_spines_and_label_keys_are_read() -> None:
+    text = (
+        "fabric:\n  spines: {leaf-b: spine-1, leaf-a: spine-1, 'b8:59:9f:00:00:01': spine-2}\n"
+        "  labelKeys: [topograph, node-agents, topograph]\n"
+    )
+    fabric = parse_config(text, "c.yaml").fabric
+    assert fabric.spine_map == {
+        "leaf-a": "spine-1",
+        "leaf-b": "spine-1",
+        "b8:59:9f:00:00:01": "spine-2",
+    }
+    assert fabric.label_keys == ("topograph", "node-agents")
+
+
+BAD_FABRIC = [
+    ("unknown-key", "fabric: {spine: {}}\n", "fabric.spine", "unknown key"),
+    ("spines-list", "fabric: {spines: [a]}\n", "fabric.spines", "a mapping, got a list"),
+    ("spine-number", "fabric: {spines: {leaf-a: 7}}\n", "fabric.spines.leaf-a", "a label value"),
+    ("spine-bad", "fabric: {spines: {leaf-a: 'sp ine'}}\n", "fabric.spines.leaf-a", "label value"),
+    ("leaf-number", "fabric: {spines: {7: s}}\n", "fabric.spines", "a non-empty string, got 7"),
+    ("key-set", "fabric: {labelKeys: [nvidia]}\n", "fabric.labelKeys[0]", "one of node-agents"),
+    ("key-string", "fabric: {labelKeys: topograph}\n", "fabric.labelKeys", "a list"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [case[1:] for case in BAD_FABRIC],
+    ids=[case[0] for case in BAD_FABRIC],
+)
+def test_bad_fabric_config_is_a_config_error_naming_the_key(
+    text: str, key: str, expected: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "c.yaml")
+    assert str(caught.value).startswith(f"c.yaml: {key}")
+    assert expected in str(caught.value)

@@ -117,3 +117,11 @@ class Unread:
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"links {name} called")
+
+
+def test_labels_with_a_prefix_of_their_own_keep_it_and_bare_ones_get_ours() -> None:
+    labels = prefixed({"roce.count": "2", "network.node-agents.io/leaf-group": "leaf-a.leaf-b"})
+    assert labels == {
+        "network.node-agents.io/leaf-group": "leaf-a.leaf-b",
+        PREFIX + "roce.count": "2",
+    }

@@ -1,0 +1,173 @@
+"""The fabric and the API server: `--label-node` patches only the fabric's keys onto the
+Node and waits out an API server that is down; `node-agent fabric` reads the Nodes'
+labels back as a table, a Kueue Topology and Volcano HyperNodes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents.cluster.access import Access
+from agents.cluster.client import ApiClient
+from agents.cluster.node_labels import NodeLabeller
+from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
+from agents.plugin.resource import Inventory
+from tests.conditions import async_wait_until
+from tests.standin.apiserver import REFUSE, UP, ApiServer, write_kubeconfig
+
+WAIT = 5.0
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ApiServer]:
+    server = ApiServer(("node-1",))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_label_node_patches_only_fabric_keys_and_outlasts_an_api_server_down(
+    server: ApiServer,
+) -> None:
+    server.store.node("node-1")["metadata"]["labels"] = {"team": "a", TIER_0: "stale"}
+    await server.set_mode(REFUSE)
+    labels = {LEAF_GROUP: "leaf-a", "node-agents.io/roce.count": "8"}
+    inventory = Inventory()
+    client = ApiClient(Access(server.url), timeout_s=0.5)
+    labeller = NodeLabeller("node-1", client, first_retry_s=0.05, max_retry_s=0.2)
+
+    task = asyncio.ensure_future(labeller.run(lambda: labels, [inventory]))
+    try:
+        await async_wait_until(lambda: labeller._failing, WAIT, "a failed patch")
+        await server.set_mode(UP)
+        node_labels = lambda: server.store.node("node-1")["metadata"]["labels"]  # noqa: E731
+        await async_wait_until(lambda: LEAF_GROUP in node_labels(), WAIT, "patched")
+        # Ours set, the stale topograph key removed, the Node's own label kept.
+        assert node_labels() == {"team": "a", LEAF_GROUP: "leaf-a"}
+
+        patches = len(server.store.label_patches)
+        inventory.touch()  # nothing new to say: no call
+        labels[SPINE] = "spine-1"
+        labels.pop(LEAF_GROUP)
+        await async_wait_until(lambda: SPINE in node_labels(), WAIT, "changed")
+        assert node_labels() == {"team": "a", SPINE: "spine-1"}
+        assert len(server.store.label_patches) == patches + 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+
+
+NODES = {
+    "gpu-1": {LEAF_GROUP: "leaf-a.leaf-b", SPINE: "spine-1"},
+    "gpu-2": {LEAF_GROUP: "leaf-a.leaf-b", SPINE: "spine-1"},
+    "gpu-3": {LEAF_GROUP: "leaf-c", SPINE: "spine-1"},
+    "gpu-4": {LEAF_GROUP: "Leaf_D"},
+    "cpu-1": {},
+}
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Path]:
+    server = ApiServer(())
+    for name, labels in NODES.items():
+        server.store.add_node(name, labels)
+    await server.start()
+    yield write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    await server.stop()
+
+
+async def fabric(kubeconfig: Path, *more: str) -> str:
+    """`node-agent fabric` in a process, the stand-in answering meanwhile."""
+    return await asyncio.to_thread(_fabric, kubeconfig, *more)
+
+
+def _fabric(kubeconfig: Path, *more: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    done = subprocess.run(
+        [sys.executable, "-m", "agents.cli", "fabric", "--kubeconfig", str(kubeconfig), *more],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def test_fabric_table_counts_nodes_per_spine_and_leaf_group(cluster: Path) -> None:
+    rows = [line.split() for line in (await fabric(cluster)).splitlines()]
+    assert rows[:4] == [
+        ["SPINE", "LEAF", "GROUP", "NODES"],
+        ["-", "Leaf_D", "1"],
+        ["spine-1", "leaf-a.leaf-b", "2"],
+        ["spine-1", "leaf-c", "1"],
+    ]
+    assert rows[4] == ["nodes", "without", "a", "leaf", "group:", "1"]
+
+
+async def test_fabric_kueue_topology_has_spine_leaf_group_and_host_levels(cluster: Path) -> None:
+    topology = yaml.safe_load(await fabric(cluster, "--format", "kueue"))
+    assert topology["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert topology["kind"] == "Topology"
+    levels = [level["nodeLabel"] for level in topology["spec"]["levels"]]
+    assert levels == [SPINE, LEAF_GROUP, "kubernetes.io/hostname"]
+
+
+async def test_fabric_volcano_hypernodes_tier_leaf_groups_under_spines(cluster: Path) -> None:
+    docs = {
+        d["metadata"]["name"]: d
+        for d in yaml.safe_load_all(await fabric(cluster, "--format", "volcano"))
+    }
+    assert {d["apiVersion"] for d in docs.values()} == {"topology.volcano.sh/v1alpha1"}
+    leaf = docs["leaf-leaf-a.leaf-b"]["spec"]
+    assert leaf["tier"] == 1
+    assert leaf["members"] == [
+        {"type": "Node", "selector": {"labelMatch": {"matchLabels": {LEAF_GROUP: "leaf-a.leaf-b"}}}}
+    ]
+    [odd] = [n for n in docs if n.startswith("leaf-leaf_d") or n.startswith("leaf-leaf-d-")]
+    assert docs[odd]["spec"]["members"][0]["selector"]["labelMatch"]["matchLabels"] == {
+        LEAF_GROUP: "Leaf_D"
+    }
+    spine = docs["spine-spine-1"]["spec"]
+    assert spine["tier"] == 2
+    assert [m["selector"]["exactMatch"]["name"] for m in spine["members"]] == [
+        "leaf-leaf-a.leaf-b",
+        "leaf-leaf-c",
+    ]
+    assert all(m["type"] == "HyperNode" for m in spine["members"])
+
+
+async def test_fabric_reads_topographs_keys_where_the_nodes_carry_only_those(
+    tmp_path: Path,
+) -> None:
+    server = ApiServer(())
+    server.store.add_node("n1", {TIER_0: "leaf-a", TIER_1: "s1"})
+    await server.start()
+    try:
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server.url)
+        topology = yaml.safe_load(await fabric(kubeconfig, "--format", "kueue"))
+        levels = [level["nodeLabel"] for level in topology["spec"]["levels"]]
+        assert levels == [TIER_1, TIER_0, "kubernetes.io/hostname"]
+    finally:
+        await server.stop()
+
+
+def test_fabric_without_api_access_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agents.cli", "fabric", "--kubeconfig", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--kubeconfig" in done.stderr
