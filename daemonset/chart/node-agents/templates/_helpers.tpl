@@ -4,6 +4,7 @@ make the same objects: node-agent, with -dra and/or -<family> for a DRA or one-f
 agent (the overlays' nameSuffix), and app.kubernetes.io/instance only on those.
 */}}
 
+{{/* Bad values fail the render with the reason, before any object is made. */}}
 {{- define "node-agents.validate" -}}
 {{- $families := .Values.families -}}
 {{- if or (not $families) (gt (len $families) 2) (ne (len $families) (len (uniq $families))) -}}
@@ -17,6 +18,8 @@ agent (the overlays' nameSuffix), and app.kubernetes.io/instance only on those.
 {{- if not (has .Values.api (list "device-plugin" "dra")) -}}
 {{- fail (printf "api: %q; device-plugin or dra" .Values.api) -}}
 {{- end -}}
+{{- $_ := include "node-agents.flagValues" . -}}
+{{- $_ = include "node-agents.defaultConfig" . -}}
 {{- end -}}
 
 {{/* "-dra", "-gpu", "-dra-roce", or "" for the base (every family, device plugins). */}}
@@ -65,13 +68,16 @@ migStrategy and the other top-level flags written into each.
 {{- else -}}
 {{- $_ := set $data "default" (.Files.Get "files/config.yaml") -}}
 {{- end -}}
+{{- range $name, $text := $data -}}
+{{- $config := fromYaml $text -}}
+{{- if or (hasKey $config "Error") (not (kindIs "map" $config)) -}}
+{{- fail (printf "config.map.%s is not YAML of a config file (version: v1 ...): %s" $name (get $config "Error" | default "not a mapping")) -}}
+{{- end -}}
+{{- end -}}
 {{- $flags := include "node-agents.flagValues" . | fromJson -}}
 {{- if $flags -}}
 {{- range $name, $text := deepCopy $data -}}
 {{- $config := fromYaml $text -}}
-{{- if hasKey $config "Error" -}}
-{{- fail (printf "config.map.%s is not YAML: %s" $name $config.Error) -}}
-{{- end -}}
 {{- $section := get $config "flags" | default dict -}}
 {{- $plugin := get $section "plugin" | default dict -}}
 {{- range $key, $value := $flags -}}
