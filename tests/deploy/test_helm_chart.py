@@ -204,6 +204,7 @@ def test_nvidia_value_names_reach_the_pod_spec() -> None:
         "--set", "image.tag=1.2.3",
         "--set", "image.pullPolicy=Always",
         "--set", "nodeSelector.pool=gpu-a",
+        "--set-string", "nodeSelector.node-agents\\.io/gpu-node=true",
         "--set", "tolerations[0].key=dedicated",
         "--set", "tolerations[0].operator=Exists",
         "--set", "resources.limits.memory=256Mi",
@@ -219,7 +220,7 @@ def test_nvidia_value_names_reach_the_pod_spec() -> None:
     spec, container = pod_spec(objs), agent_container(objs)
     assert container["image"] == "registry.local/node-agent:1.2.3"
     assert container["imagePullPolicy"] == "Always"
-    assert spec["nodeSelector"] == {"pool": "gpu-a"}
+    assert spec["nodeSelector"] == {"pool": "gpu-a", "node-agents.io/gpu-node": "true"}
     assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
     assert container["resources"]["limits"] == {"memory": "256Mi"}
     assert spec["priorityClassName"] == "gpu-critical"
