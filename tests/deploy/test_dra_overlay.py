@@ -215,7 +215,7 @@ def test_device_class_selects_its_driver_with_the_established_expression(name: s
 
 
 def test_shipped_dra_config_is_accepted_and_sets_no_key_this_mode_ignores() -> None:
-    text = only(render(DRA), "ConfigMap")["data"]["config.yaml"]
+    text = only(render(DRA), "ConfigMap")["data"]["default"]
     config = yaml.safe_load(text)
     for section, key in IGNORED_IN_DRA:
         assert key not in config.get(section, {}), f"{section}.{key}"

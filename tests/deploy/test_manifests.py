@@ -388,7 +388,7 @@ def test_pod_resources_are_mounted_read_only_where_the_agent_is_told_to_look(
 
 @variants
 def test_shipped_config_is_the_spec_shape_with_defaults(variant: str) -> None:
-    text = only(render(variant), "ConfigMap")["data"]["config.yaml"]
+    text = only(render(variant), "ConfigMap")["data"]["default"]
     config = yaml.safe_load(text)
     assert config["version"] == "v1"
     assert config["flags"]["migStrategy"] == "none"
@@ -398,7 +398,7 @@ def test_shipped_config_is_the_spec_shape_with_defaults(variant: str) -> None:
 
 
 def test_shipped_config_is_accepted_by_the_agent() -> None:
-    text = only(render("daemonset"), "ConfigMap")["data"]["config.yaml"]
+    text = only(render("daemonset"), "ConfigMap")["data"]["default"]
     config = parse_config(text, "daemonset/base/config.yaml")
     # config.yaml says every value in it is the default; an empty file gives those.
     assert config == parse_config("", "(empty)")
