@@ -33,6 +33,7 @@ class _Netdev:
     heard: Neighbour | None = None
     expires: float = 0.0
     malformed: int = 0
+    absent: bool = False  # its absence has been logged
     next_log: float = field(default=float("-inf"))
 
 
@@ -132,13 +133,16 @@ class LldpListener:
             return
         try:
             netdev.sock = self._open(ifname)
-        except PermissionError as exc:
-            self._unavailable = True
-            log.warning("lldp_unavailable", reason=f"{exc.strerror} (needs CAP_NET_RAW)")
-            return
         except OSError as exc:
-            log.debug("lldp_netdev_absent", netdev=ifname, reason=exc.strerror or str(exc))
+            reason = exc.strerror or str(exc)
+            if isinstance(exc, PermissionError) or exc.errno == errno.EAFNOSUPPORT:
+                self._unavailable = True
+                log.warning("lldp_unavailable", reason=f"{reason} (needs CAP_NET_RAW)")
+            elif not netdev.absent:
+                netdev.absent = True
+                log.info("lldp_netdev_absent", netdev=ifname, reason=reason)
             return
+        netdev.absent = False
         if self._loop is not None and not self._loop.is_closed():
             self._loop.add_reader(netdev.sock.fileno(), self._on_readable, ifname)
 
