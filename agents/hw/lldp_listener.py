@@ -118,10 +118,9 @@ class LldpListener:
         """Read on `loop` from now on; an Event binds to the loop that first waits on it."""
         for netdev in self._netdevs.values():
             self._unread(netdev)
-        if self._loop is not loop:
-            was_set, self._changed = self._changed.is_set(), asyncio.Event()
-            if was_set:
-                self._changed.set()
+        was_set, self._changed = self._changed.is_set(), asyncio.Event()
+        if was_set:
+            self._changed.set()
         self._loop = loop
         for ifname, netdev in self._netdevs.items():
             if netdev.sock is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import structlog.testing
 
-from agents.hw.lldp_listener import RETRY_S, LldpListener
+from agents.hw.lldp_listener import MALFORMED_LOG_S, RETRY_S, LldpListener
 from tests.conditions import async_wait_until
 from tests.lldp_frames import PeerSender, ethernet, frame, lldpdu, raw_tlv, tlv
 from tests.veth import ip, veth_pair
@@ -279,7 +279,7 @@ async def _send_malformed(listener: LldpListener, link: Link, first: int, count:
 
 
 async def test_a_thousand_malformed_frames_leave_the_listener_serving_and_rss_steady(
-    listener: LldpListener, link: Link
+    listener: LldpListener, link: Link, clock: Clock
 ) -> None:
     listener.watch([link.host])
     with structlog.testing.capture_logs() as logs:
@@ -288,11 +288,14 @@ async def test_a_thousand_malformed_frames_leave_the_listener_serving_and_rss_st
         await _send_malformed(listener, link, 100, 1000)
         grown = _rss() - before
         await _hears(listener, link, frame(system_name="leaf-after"), "leaf-after")
-    assert listener.malformed(link.host) == 1100
+        clock.now += MALFORMED_LOG_S  # a minute later, the next bad frame is logged again
+        await _send_malformed(listener, link, 1100, 1)
+    assert listener.malformed(link.host) == 1101
     assert grown < RSS_BOUND, f"RSS grew by {grown} bytes"
     print(f"RSS growth over 1000 malformed frames: {grown} bytes")
-    [line] = [e for e in logs if e["event"] == "lldp_frame_malformed"]  # the clock stood
-    assert line["netdev"] == link.host and line["count"] == 1 and "LLDPDU" in line["reason"]
+    lines = [e for e in logs if e["event"] == "lldp_frame_malformed"]
+    assert [(e["netdev"], e["count"]) for e in lines] == [(link.host, 1), (link.host, 1101)]
+    assert "LLDPDU ends after 1 TLVs" in lines[0]["reason"]
 
 
 PROBE = textwrap.dedent(
