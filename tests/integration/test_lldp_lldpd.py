@@ -1,0 +1,88 @@
+"""LldpListener hearing Debian's lldpd, a real LLDP agent, run at the far end of a veth in
+a network namespace of its own: what it says, and its shutdown frame when it stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.hw.lldp_listener import LldpListener
+from tests.conditions import async_wait_until
+from tests.veth import veth_pair
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"
+    ),
+]
+
+PEER = "lldpsw1"
+DEADLINE_S = 10.0  # lldpd sends its first frame within a second of starting
+
+
+def _lldpd() -> str:
+    found = shutil.which("lldpd") or shutil.which("lldpd", path="/usr/sbin")
+    if found is None:
+        why = "lldpd is not installed (Debian package lldpd; .ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return found
+
+
+@pytest.fixture
+def lldpd_peer() -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """(host netdev, the peer's MAC, lldpd) with lldpd sending every second on the peer
+    as the switch `leaf-lldpd`; stopped (and its veth removed) afterwards."""
+    lldpd = _lldpd()
+    with (
+        veth_pair("nad", "na-lldpd", PEER) as (host, netns),
+        tempfile.TemporaryDirectory(prefix="lldpd-") as work,
+    ):
+        os.chmod(work, 0o755)  # lldpd configures itself by lldpcli, as its own user
+        conf = Path(work) / "lldpd.conf"
+        conf.write_text("configure system hostname leaf-lldpd\nconfigure lldp tx-interval 1\n")
+        out = subprocess.run(
+            ["ip", "-j", "-n", netns, "link", "show", PEER], capture_output=True, check=True
+        )
+        mac = json.loads(out.stdout)[0]["address"]
+        # -d: foreground; -I: this port only; its own control socket and pid file, so that
+        # several can run at once; -O: our configuration instead of /etc/lldpd.d.
+        command = [lldpd, "-d", "-I", PEER, "-u", f"{work}/ctl", "-p", f"{work}/pid"]
+        process = subprocess.Popen(["ip", "netns", "exec", netns, *command, "-O", str(conf)])
+        try:
+            yield host, mac, process
+        finally:
+            process.kill()
+            process.wait(10)
+
+
+async def test_a_real_lldpd_is_heard_and_its_shutdown_frame_removes_it(
+    lldpd_peer: tuple[str, str, subprocess.Popen[bytes]],
+) -> None:
+    host, mac, lldpd = lldpd_peer
+    listener = LldpListener()
+    try:
+        listener.watch([host])
+        await async_wait_until(lambda: listener.neighbour(host) is not None, DEADLINE_S)
+        heard = listener.neighbour(host)
+        assert heard is not None
+        assert (heard.leaf, heard.chassis_id, heard.port_description) == ("leaf-lldpd", mac, PEER)
+        assert heard.ttl_s == 4  # lldpd's TTL is tx-interval times its hold multiplier, 4
+        assert listener.malformed(host) == 0
+        await listener.next_change(0)
+        lldpd.send_signal(signal.SIGTERM)  # lldpd says goodbye with a TTL of 0
+        assert lldpd.wait(DEADLINE_S) == 0
+        assert listener.neighbour(host) is None or await listener.next_change(DEADLINE_S)
+        assert listener.neighbour(host) is None
+    finally:
+        listener.close()
