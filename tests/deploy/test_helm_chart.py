@@ -234,14 +234,36 @@ def test_nvidia_value_names_reach_the_pod_spec() -> None:
     assert container["args"][-1] == "--dra-device-taints"
 
 
-def test_lab_adds_mknod_to_the_capabilities_the_values_give() -> None:
-    objs = template(
-        "--set", "lab.enabled=true", "--set", "securityContext.capabilities.add={NET_RAW}"
-    )  # fmt: skip
-    capabilities = agent_container(objs)["securityContext"]["capabilities"]
-    assert capabilities == {"drop": ["ALL"], "add": ["NET_RAW", "MKNOD"]}
-    # The base stays capability-free: the lab adds MKNOD only with lab.enabled.
-    assert agent_container(template())["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+def test_capabilities_are_net_raw_with_roce_and_mknod_in_the_lab_only() -> None:
+    def capabilities(*args: str) -> object:
+        return agent_container(template(*args))["securityContext"]["capabilities"]
+
+    assert capabilities() == {"drop": ["ALL"], "add": ["NET_RAW"]}
+    assert capabilities("--set", "lab.enabled=true") == {
+        "drop": ["ALL"],
+        "add": ["NET_RAW", "MKNOD"],
+    }
+    # Without the RoCE family nothing listens for LLDP: no capability at all.
+    assert capabilities("--set", "families={gpu}") == {"drop": ["ALL"]}
+    # What the values add themselves is kept, once.
+    assert capabilities("--set", "securityContext.capabilities.add={NET_RAW}") == {
+        "drop": ["ALL"],
+        "add": ["NET_RAW"],
+    }
+
+
+def test_label_node_and_its_patch_on_nodes_come_and_go_together() -> None:
+    def rights(*args: str) -> list[object]:
+        (role,) = [o for o in template(*args) if o["kind"] == "ClusterRole"]
+        return [r for r in role["rules"] if r["resources"] == ["nodes"]]
+
+    node_patch = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}
+    assert "--label-node" in agent_container(template())["args"]
+    assert rights() == [node_patch]
+    off = ("--set", "fabric.labelNode=false")
+    assert "--label-node" not in agent_container(template(*off))["args"]
+    assert rights(*off) == []
+    assert rights("--set", "families={gpu}") == []
 
 
 def test_hack_helm_says_how_to_install_real_helm_when_it_is_missing() -> None:
