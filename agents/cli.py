@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cluster_flags(run: argparse.ArgumentParser) -> None:
-    """Where the API server is told of device faults (SPEC §9)."""
+    """Where the API server is told of device faults (docs/architecture.md)."""
     run.add_argument(
         "--kubeconfig",
         type=Path,
@@ -179,7 +179,7 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
 
 
 def _dra_flags(run: argparse.ArgumentParser) -> None:
-    """DRA mode (SPEC §10): the same families, served as DRA drivers."""
+    """DRA mode (docs/dra.md): the same families, served as DRA drivers."""
     run.add_argument(
         "--api",
         choices=("device-plugin", "dra"),
@@ -348,7 +348,7 @@ async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> N
 
 
 def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
-    """Device-plugin mode: what claims of an earlier DRA mode still hold (SPEC §10)."""
+    """Device-plugin mode: what claims of an earlier DRA mode still hold (docs/dra.md)."""
     from agents.dra.holdings import DraHoldings
     from agents.plugin.kubelet_facts import PodResources
 
@@ -359,7 +359,7 @@ def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
 
 
 async def _dra(opts: argparse.Namespace) -> DraMaker:
-    """DRA mode's runtime maker (SPEC §10); ConfigError without a node name or API server."""
+    """DRA mode's runtime maker; ConfigError without a node name or API server."""
     from agents.dra.runtime import DraSettings
     from agents.dra.wiring import dra_maker
 

@@ -1,4 +1,4 @@
-"""The agent's configuration file (SPEC section 3), parsed strictly into frozen dataclasses.
+"""The agent's configuration file (docs/configuration.md), parsed strictly into frozen dataclasses.
 
 Files of the established v1 config format are accepted unchanged: each of its keys is
 honoured, listed as ignored (to be logged once), or refused.

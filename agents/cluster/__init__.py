@@ -1,4 +1,4 @@
-"""The agent's reports to the Kubernetes API server (SPEC §9): never imported by the
+"""The agent's reports to the Kubernetes API server: never imported by the
 RPC or health path, only by the command line that wires a reporter in; the API client
 (and its HTTP library) only once there is an API server to report to."""
 

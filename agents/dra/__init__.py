@@ -1,1 +1,1 @@
-"""DRA mode (SPEC section 10): every family served as a DRA driver."""
+"""DRA mode (docs/dra.md): every family served as a DRA driver."""

@@ -1,4 +1,4 @@
-"""The simulated node file (SPEC section 6): its model and a strict parser.
+"""The simulated node file (docs/configuration.md): its model and a strict parser.
 
 Every mistake is a ConfigError naming the file, the key path and what was expected.
 """

@@ -1,5 +1,5 @@
 """One agent per simulated node in DRA mode, as its own process under a service account
-with SPEC 10's rights, and the API requests they make, counted by the API server itself:
+with daemonset/dra's rights, and the API requests they make, counted by the API server itself:
 a FlowSchema of their own, read from `apiserver_flowcontrol_dispatched_requests_total`."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ AGENT = f"{shlex.quote(sys.executable)} -m agents.cli run --api dra"
 
 
 def rbac(namespace: str) -> list[dict[str, Any]]:
-    """The service account and the rights daemonset/dra gives it (SPEC 9 and 10: events,
+    """The service account and the rights daemonset/dra gives it (events,
     the node's status, nodes, claims and slices), no more: a refusal would show."""
     rules = [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -84,7 +84,7 @@ def layout(name: str) -> Layout:
 
 
 def places(doc: Mapping[str, Any]) -> tuple[Place, ...]:
-    """The places of a simulated node document's GPUs and NICs (SPEC 6 and 10: the switch
+    """The places of a simulated node document's GPUs and NICs (as the agent reads them: the switch
     is the root port above a device where a switch lies between them; the root complex is
     `pci<domain>:<bus>` of the root port)."""
     found = []

@@ -18,6 +18,7 @@ from typing import Any
 
 from hack.benchlib.figures import Figure, at_least, below, info, table
 from hack.benchlib.main import machine
+from hack.clusterlib import reach
 from hack.clusterlib.accounting import COUNTS, Cluster
 from hack.clusterlib.agents import AGENT, Agents
 from hack.clusterlib.api import Api
@@ -27,7 +28,6 @@ from hack.clusterlib.nodes import Nodes
 from hack.clusterlib.state import State
 from hack.clusterlib.workload import LABEL, ROOT, SHAPES, SWITCH, claim_template, device_classes
 
-KUBECONFIG = Path("/var/tmp/k8s-lab/admin.kubeconfig")
 CLASSES = ("cluster-sim-gpu", "cluster-sim-nic")
 ATTRIBUTE = {"switch": SWITCH, "root": ROOT}
 REST_AFTER_S = 5.0
@@ -260,11 +260,12 @@ def main(argv: list[str] | None = None) -> int:
         "every 300 s)",
     )
     parser.add_argument("--namespace", default="cluster-sim")
-    parser.add_argument("--kubeconfig", type=Path, default=KUBECONFIG)
+    parser.add_argument("--kubeconfig", type=Path, help="the cluster (default: KUBECONFIG)")
     parser.add_argument("--agent", default=AGENT, help="the agent's command line, before its flags")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--keep", type=Path, help="keep the agents' logs and layouts here")
     opts = parser.parse_args(argv)
+    opts.kubeconfig = opts.kubeconfig or reach.kubeconfig()
 
     def progress(step: str) -> None:
         print(f"cluster_sim: {step} ...", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""Acceptance (SPEC 3-5): each config of the corpus, written in NVIDIA's device-plugin
+"""Acceptance (docs/configuration.md): each config of the corpus, written in NVIDIA's device-plugin
 format, registers what its case says and Allocate answers as its case says, with the
 agent on a simulated node and the kubelet stand-in; refused ones fail at start."""
 

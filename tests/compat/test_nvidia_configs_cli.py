@@ -1,6 +1,6 @@
-"""Acceptance (SPEC 2-5) through a real `node-agent run --simulate` process: a config of
-the corpus marked `cli` registers and allocates as its case says, each ignored key is
-named in one warning, and a refused one exits 2 with one line naming file and key."""
+"""Acceptance (docs/configuration.md), through a real `node-agent run --simulate` process:
+a config of the corpus marked `cli` registers and allocates as its case says, each ignored
+key is named in one warning, and a refused one exits 2 with one line naming file and key."""
 
 from __future__ import annotations
 

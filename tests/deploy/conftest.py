@@ -1,5 +1,5 @@
 """The server-side dry run needs a real apiserver: it is collected only where KUBECONFIG
-names one (run it by hand against ../shared/k8s-lab); elsewhere the schema tests check
+names one (run it by hand against a cluster, docs/testing.md); elsewhere the schema tests check
 the supported versions."""
 
 import os

@@ -1,5 +1,5 @@
 """daemonset/dra: the base's agent in DRA mode on the nodes labelled for it and nowhere
-else, with the kubelet's DRA directories, SPEC section 10's rights and the DeviceClasses
+else, with the kubelet's DRA directories, DRA mode's rights (docs/dra.md) and the DeviceClasses
 that claims name; and the example claim and pods that go with it."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DRA_WRITABLE = {
     f"{PLUGINS_DIR}/gpu.nvidia.com": "DirectoryOrCreate",
     f"{PLUGINS_DIR}/roce.node-agents.io": "DirectoryOrCreate",
 }
-# SPEC section 9's rights, and section 10's beside them.
+# The rights of the reports to the cluster, and DRA mode's beside them.
 DRA_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
@@ -73,7 +73,7 @@ DEVICE_CLASSES = {
     ),
     "roce.node-agents.io": ("device.driver == 'roce.node-agents.io'", None),
 }
-# Config keys SPEC section 10 says DRA mode ignores (with a warning each).
+# Config keys DRA mode ignores, with a warning each (docs/dra.md).
 IGNORED_IN_DRA = (
     ("sharing", "timeSlicing"),
     ("flags", "migStrategy"),
@@ -142,7 +142,7 @@ def _run_options() -> set[str]:
 
 def test_the_agents_command_line_takes_dra_mode_with_the_mounted_directories() -> None:
     if "--api" not in _run_options():
-        pytest.skip("this agent's command line has no --api yet (SPEC section 10)")
+        pytest.skip("this agent's command line has no --api yet (docs/dra.md)")
     opts = parse_args(agent_container(render(DRA))["args"])
     assert opts.command == "run"
     assert opts.api == "dra"

@@ -94,7 +94,7 @@ def test_e2e_overlay_reads_the_simulated_node_from_the_hostpath() -> None:
 
 
 def test_k8s_lab_overlay_adds_only_the_token_volume_and_the_api_address() -> None:
-    """tests/e2e/k8s-lab: the e2e overlay plus what ../shared/k8s-lab's cluster lacks."""
+    """tests/e2e/k8s-lab: the e2e overlay plus what a minimal cluster lacks."""
     e2e, lab = render("tests/e2e/overlay"), render("tests/e2e/k8s-lab")
     base, added = agent_container(e2e), agent_container(lab)
     env = {e["name"]: e.get("value") for e in added["env"]}

@@ -51,7 +51,7 @@ HOST_NETWORK_FAMILY = "roce"
 
 variants = pytest.mark.parametrize("variant", VARIANTS)
 CLUSTER_SCOPED = frozenset({"Namespace", "ClusterRole", "ClusterRoleBinding"})
-# All the agent may do with the API server (SPEC section 9).
+# All the agent may do with the API server (docs/architecture.md, reports to the cluster).
 API_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},

@@ -55,7 +55,7 @@ class Workload:
 
 
 class Ledger:
-    """The suite's own count of SPEC section 8's rate: containers that asked for GPUs and
+    """The suite's own count of the pairing rate: containers that asked for GPUs and
     NICs when a fully paired choice existed among the free devices, and how many of
     them got one. Free = not held by a running pod of the suite (the suite's pods are
     the only ones asking for these resources on the node under test)."""
@@ -140,7 +140,7 @@ def start_workload(name: str, gpus: int, nics: int) -> Workload:
 def ledger(pairs: dict[str, set[str]], deployment: Deployment) -> Iterator[Ledger]:
     book = Ledger(pairs)
     yield book
-    deployment.figures["pods paired (SPEC 8)"] = book.rate()
+    deployment.figures["pods paired"] = book.rate()
 
 
 def the_agent(deployment: Deployment) -> dict[str, Any]:
@@ -319,7 +319,7 @@ def _condition(node: str) -> dict[str, Any] | None:
 def test_faults_reach_the_cluster_as_events_and_the_devices_healthy_condition(
     deployment: Deployment,
 ) -> None:
-    """SPEC section 9 on a real API server: XID 79 -> a Warning Event naming the GPU and
+    """The reports to the cluster on a real API server: XID 79 -> a Warning Event naming the GPU and
     the XID within 2 s of the fault (the kubelet cannot have seen it earlier), the
     condition False naming it; a reset -> a Normal Event, the condition True; 20 link
     flaps -> a few Event objects whose counts add up to 20 each way."""

@@ -27,7 +27,7 @@ from tests.conditions import async_wait_until
 
 GPU = "nvidia.com/gpu"
 NIC = "rdma/roce"
-FAULT_SEEN_WITHIN = 1.0  # SPEC 6: an edit takes effect within one second
+FAULT_SEEN_WITHIN = 1.0  # a node-file edit takes effect within one second
 WAIT = 5.0
 
 EditNode = Callable[..., None]

@@ -1,4 +1,4 @@
-"""SIGHUP re-reads the config file (SPEC 2): a valid change re-registers only the resources
+"""SIGHUP re-reads the config file: a valid change re-registers only the resources
 whose definition changed, an invalid one is logged in one line and the running config
 stays. Signals go to a real `node-agent run` process; the kubelet is the stand-in."""
 

@@ -29,7 +29,7 @@ from tests.standin.apistore import MERGE
 
 __all__ = ["dra_node"]
 
-FAULT_OUT_WITHIN = 3.0  # SPEC 10: an Unhealthy device leaves its slice within 3 s
+FAULT_OUT_WITHIN = 3.0  # docs/dra.md: an Unhealthy device leaves its slice within 3 s
 CLAIM_GETS = "get", "resourceclaims"
 RESOURCE = "nvidia.com/gpu"
 

@@ -1,7 +1,7 @@
 """DRA mode's health as device-plugin mode's: a NIC whose link goes down in the kernel (a
 veth) leaves the roce slice within 3 s and comes back on link up; a lost GPU leaves and
 comes back after a reset, the kubelet's DRAResourceHealth stream saying so; the node's
-condition and Event of SPEC 9 on the API server."""
+condition and Event on the API server."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.veth import ip, node_on_netdev, veth_pair
 
 __all__ = ["dra_node"]
 
-FAULT_OUT_WITHIN = 3.0  # SPEC 10: an Unhealthy device leaves its slice within 3 s
+FAULT_OUT_WITHIN = 3.0  # docs/dra.md: an Unhealthy device leaves its slice within 3 s
 PEER = "drapeer0"
 
 

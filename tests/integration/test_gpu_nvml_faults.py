@@ -1,4 +1,4 @@
-"""NVML misbehaving on a simulated node (`nvml: {hang, error}`, SPEC 6) and an NVSwitch
+"""NVML misbehaving on a simulated node (`nvml: {hang, error}` of the node file) and an NVSwitch
 node (`nvswitch: true`): a transient error turns a GPU Unhealthy without removing it, a
 hung GPU turns Unhealthy after the hang bound while the others are still probed, stopping
 never waits for a hung call, and GPUs on one NVSwitch fabric are all NVLink-connected."""

@@ -3,7 +3,7 @@ deleting pods with its checkpoint rewritten on every ListAndWatch update, a fore
 flapping health every 50 ms, and every GPU+NIC container checked against brute force.
 
 The figure is over every GPU+NIC container for which a fully paired choice existed among
-the devices really free at its admission (SPEC §8). `hack/pairing_rates` runs 60 seeds of
+the devices really free at its admission. `hack/pairing_rates` runs 60 seeds of
 400 operations per case; here a few seeds keep the suite fast and still able to fail.
 """
 

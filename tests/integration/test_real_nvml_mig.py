@@ -1,6 +1,6 @@
 """MIG on the real NVML backend (pynvml, no --simulate) over the project's NVML library:
 migStrategy none / single / mixed on a mixed A100 layout and a uniform H100 one, the
-resources and device IDs SPEC §3-4 give, what Allocate names (§5), health (an XID on a
+resources and device IDs docs/configuration.md gives, what Allocate names, health (an XID on a
 parent turns its instances Unhealthy; an application XID does not), replicas of MIG
 instances."""
 

@@ -24,7 +24,7 @@ from agents.tasks import until
 from tests.conditions import async_wait_until
 from tests.writers import write_atomic, write_in_place
 
-WITHIN = 1.0  # SPEC 6: an edit takes effect within one second
+WITHIN = 1.0  # a node-file edit takes effect within one second
 
 
 WRITERS = [write_in_place, write_atomic]

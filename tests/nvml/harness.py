@@ -1,6 +1,7 @@
 """The real NVML backend in a subprocess over a libnvidia-ml that tests control: the
 project's own (tests/nvml, always) and, for a check by hand, NVIDIA's mock library where
-MOCK_NVML_DIR names a directory holding it (never in CI: it is another project's binary).
+MOCK_NVML_DIR names a directory holding it and MOCK_NVML_PROFILES (default: its profiles/)
+the mock's own configuration for each profile (never in CI: another project's binary).
 
 A `Lab` is one node for one test: its faults are set through `fail()` and reach the
 library while the agent runs."""
@@ -23,6 +24,7 @@ from tests.nvml.library import nvml_env
 from tests.nvml.state import NvmlNode
 
 MOCK_DIR = Path(os.environ["MOCK_NVML_DIR"]) if os.environ.get("MOCK_NVML_DIR") else None
+MOCK_PROFILES = Path(os.environ.get("MOCK_NVML_PROFILES") or (MOCK_DIR or Path()) / "profiles")
 # The libraries the suites run on: ours always; NVIDIA's mock only when asked for by hand.
 LIBRARIES = ("own", "nvidia-mock") if MOCK_DIR is not None else ("own",)
 PROFILES = nodes.PROFILES
@@ -56,7 +58,7 @@ class Lab:
         return {
             **os.environ,
             "LD_LIBRARY_PATH": str(MOCK_DIR),
-            "MOCK_NVML_CONFIG": str(nodes.profile_path(self.profile)),
+            "MOCK_NVML_CONFIG": str(MOCK_PROFILES / f"mock-nvml-config-{self.profile}.yaml"),
             "MOCK_NVML_OVERRIDES": str(self.path),
             "MOCK_NVML_OVERRIDES_TTL": f"{int(MOCK_TTL_S * 1000)}ms",
         }

@@ -1,10 +1,11 @@
-"""The nodes the tests give the project's test NVML library: built from a GPU profile of
-../shared/mocknvml/profiles or from a simulated node file, and the MIG layouts the suites
-use."""
+"""The nodes the tests give the project's test NVML library: built from a GPU node
+description of tests/nvml/profiles (the format: docs/testing.md) or from a simulated node
+file, and the MIG layouts the suites use."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -21,69 +22,89 @@ from tests.nvml.state import (
     nvml_bus_id,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
-PROFILE_DIR = SHARED / "mocknvml" / "profiles"
+REPO = Path(__file__).resolve().parents[2]  # the repository's root
+PROFILE_DIR = Path(__file__).with_name("profiles")
 PROFILES = ("a100", "b200", "gb200", "gb300", "h100", "l40s", "t4")
+_MODEL_KEYS = {"name", "pci", "architecture", "computeCapability", "memoryMiB", "ecc", "mig"}
+_TOP_KEYS = {"driver", "nvml", "cuda", "model", "nvswitchLinks", "rootComplexes", "gpus"}
+_GPU_KEYS = {"bus", "root", "uuid", "serial"}
+_MIG = ("none", "capable", "enabled")
 
-_ARCH = {"turing": 6, "ampere": 7, "ada": 8, "ada_lovelace": 8, "hopper": 9, "blackwell": 10}
+
+class ProfileError(ValueError):
+    """A node description that does not hold: names the file and the key."""
 
 
 def profile_path(profile: str) -> Path:
-    return PROFILE_DIR / f"mock-nvml-config-{profile}.yaml"
+    return PROFILE_DIR / f"{profile}.yaml"
 
 
 def from_profile(profile: str) -> NvmlNode:
-    """The node a GPU profile describes: its GPUs, PCI addresses, memory, ECC, MIG
-    capability and NVSwitch fabric (every link to a switch when the profile has switches,
-    as the profiles' own comments describe; none otherwise)."""
-    doc = yaml.safe_load(profile_path(profile).read_text())
-    system, defaults = doc["system"], doc["device_defaults"]
-    nvlink = doc.get("nvlink") or {}
-    switch_links = int(nvlink.get("links_per_gpu", 0)) if nvlink.get("switches") else 0
-    bridges = _bridges(doc)
+    """The node of tests/nvml/profiles/<profile>.yaml."""
+    return load_profile(profile_path(profile))
+
+
+def load_profile(path: Path) -> NvmlNode:
+    """The node a GPU node description gives: its GPUs, PCI addresses, memory, ECC, MIG
+    mode, root complexes and NUMA nodes, and NVSwitch fabric (every NVLink of a GPU to
+    a switch where the description has them; none otherwise). ProfileError, naming the
+    file and the key, for a description that does not hold."""
+    doc = _mapping(yaml.safe_load(path.read_text()), _TOP_KEYS, path, "")
+    spec = _mapping(doc["model"], _MODEL_KEYS, path, "model.")
+    roots = {str(r): int(numa) for r, numa in dict(doc["rootComplexes"]).items()}
+    links = [(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * int(doc["nvswitchLinks"])
     gpus = []
-    for device in doc["devices"]:
-        spec = {**defaults, **device}
-        mig = spec.get("mig") or {}
-        gpus.append(
-            Gpu(
-                uuid=str(spec["uuid"]),
-                name=str(spec["name"]),
-                bus=nvml_bus_id(str(device["pci"]["bus_id"])),
-                memory=int(spec["memory"]["total_bytes"]),
-                minor=int(spec.get("minor_number", device["index"])),
-                pci_device_id=int(defaults.get("pci", {}).get("device_id", 0x233010DE)),
-                serial=str(spec.get("serial", "")),
-                arch=_ARCH.get(str(spec.get("architecture", "")), 9),
-                cc=int(spec["compute_capability"]["major"]) * 10
-                + int(spec["compute_capability"]["minor"]),
-                mig_capable=int(mig.get("max_gpu_instances", 0)) > 0,
-                mig=mig.get("mode_current") == "enabled",
-                ecc=(spec.get("ecc") or {}).get("mode_current") == "enabled",
-                links=[(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * switch_links,
-            )
-        )
-        gpus[-1].bridge, gpus[-1].bridge_numa = bridges.get(gpus[-1].bus, ("", -1))
-    major, minor = int(system["cuda_version_major"]), int(system["cuda_version_minor"])
+    for index, entry in enumerate(doc["gpus"]):
+        gpu = _mapping(entry, _GPU_KEYS, path, f"gpus[{index}].")
+        if gpu["root"] not in roots:
+            raise ProfileError(f"{path}: gpus[{index}].root: {gpu['root']} is not in rootComplexes")
+        gpus.append(_gpu(spec, gpu, index, links, f"{path}: "))
+        gpus[-1].bridge, gpus[-1].bridge_numa = str(gpu["root"]), roots[str(gpu["root"])]
+    major, minor = str(doc["cuda"]).split(".")
     return NvmlNode(
         gpus=gpus,
-        driver=str(system["driver_version"]),
-        nvml=str(system["nvml_version"]),
-        cuda=major * 1000 + minor * 10,
+        driver=str(doc["driver"]),
+        nvml=str(doc["nvml"]),
+        cuda=int(major) * 1000 + int(minor) * 10,
     )
 
 
-def _bridges(doc: dict[str, object]) -> dict[str, tuple[str, int]]:
-    """NVML bus ID -> (host bridge, its NUMA node), from the profile's PCIe topology."""
-    topology = doc.get("pcie_topology")
-    out: dict[str, tuple[str, int]] = {}
-    if not isinstance(topology, dict):
-        return out
-    for root in topology.get("root_complexes") or []:
-        for bus in root.get("devices") or []:
-            out[nvml_bus_id(str(bus))] = (str(root["id"]), int(root.get("numa_node", -1)))
-    return out
+def _gpu(
+    spec: dict[str, Any], gpu: dict[str, Any], index: int, links: list[tuple[int, str]], at: str
+) -> Gpu:
+    vendor, device = str(spec["pci"]).split(":")
+    major, minor = str(spec["computeCapability"]).split(".")
+    if spec["mig"] not in _MIG:
+        raise ProfileError(f"{at}model.mig: {spec['mig']!r} is not one of {', '.join(_MIG)}")
+    if spec["architecture"] not in ARCHITECTURES.values():
+        raise ProfileError(f"{at}model.architecture: {spec['architecture']!r} is not NVML's")
+    return Gpu(
+        uuid=str(gpu["uuid"]),
+        name=str(spec["name"]),
+        bus=nvml_bus_id(str(gpu["bus"])),
+        memory=int(spec["memoryMiB"]) * 2**20,
+        minor=index,
+        pci_device_id=int(device, 16) << 16 | int(vendor, 16),
+        serial=str(gpu["serial"]),
+        arch=next(n for n, name in ARCHITECTURES.items() if name == spec["architecture"]),
+        cc=int(major) * 10 + int(minor),
+        mig_capable=spec["mig"] != "none",
+        mig=spec["mig"] == "enabled",
+        ecc=bool(spec["ecc"]),
+        links=list(links),
+    )
+
+
+def _mapping(value: object, keys: set[str], path: Path, where: str) -> dict[str, Any]:
+    """`value` as a mapping with exactly `keys`, else a ProfileError naming the key."""
+    if not isinstance(value, dict):
+        raise ProfileError(f"{path}: {where.rstrip('.') or 'the file'}: expected a mapping")
+    missing, unknown = sorted(keys - value.keys()), sorted(value.keys() - keys)
+    if missing:
+        raise ProfileError(f"{path}: {where}{missing[0]}: missing")
+    if unknown:
+        raise ProfileError(f"{path}: {where}{unknown[0]}: unknown key")
+    return value
 
 
 NVSWITCH_LINKS = 18  # an HGX H100's NVLinks per GPU, all to switches

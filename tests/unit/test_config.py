@@ -1,4 +1,4 @@
-"""The config file: SPEC section 3 values, established v1 format compatibility, strict errors."""
+"""The config file: the documented values, established v1 format compatibility, strict errors."""
 
 from __future__ import annotations
 

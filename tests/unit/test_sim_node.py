@@ -1,4 +1,4 @@
-"""The node-file parser: defaults, every field of SPEC section 6, and its errors."""
+"""The node-file parser: defaults, every field of the documented format, and its errors."""
 
 from __future__ import annotations
 
