@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -189,7 +190,7 @@ async def test_an_invalid_named_config_is_refused_in_one_line_and_the_running_on
     assert agent.terminate() == 0
 
 
-async def test_without_api_access_the_default_runs_said_in_one_line_and_files_still_apply(
+async def test_without_api_access_the_default_runs_said_in_one_line_and_files_and_sighup_apply(
     launch: Launch, kubelet: Kubelet
 ) -> None:
     agent, configs = launch(CONFIGS, api=False)
@@ -199,6 +200,12 @@ async def test_without_api_access_the_default_runs_said_in_one_line_and_files_st
     configmap(configs, {**CONFIGS, "default": replicas(2)})
 
     await kubelet.wait_until(listed(GPU, 16), DEADLINE)
+    # SIGHUP reads the chosen config again: the same, so nothing registers again.
+    before = len(kubelet.registrations)
+    agent.process.send_signal(signal.SIGHUP)
+    await async_wait_until(lambda: lines(agent, "config_unchanged"), DEADLINE, "unchanged")
+    assert str(configs / "default") in lines(agent, "config_unchanged")[0]
+    assert len(kubelet.registrations) == before
     assert agent.terminate() == 0
 
 
