@@ -365,14 +365,14 @@ async def _serve_config(
             dra=dra,
             dra_holdings=None if dra is not None else _dra_holdings(opts),
         )
-        # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
-        # initialisation holds up neither the signal nor the exit.
 
         def reloads() -> Coroutine[None, None, None]:
             if configs is None:
                 return _reload_on(hup, agent, opts.config)
             return configs.run(agent, hup)
 
+        # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
+        # initialisation holds up neither the signal nor the exit.
         await until(stop, lambda: _serve_agent(agent, reloads))
     log.info("agent_stopped")
     return EXIT_OK

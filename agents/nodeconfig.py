@@ -178,7 +178,12 @@ class NodeConfigs:
                 kept=kept,
             )
         else:
-            log.warning("config_default_missing", default=choice.missing, available=names(files))
+            log.warning(
+                "config_default_missing",
+                default=choice.missing,
+                available=names(files),
+                kept=kept,
+            )
 
     def label_seen(self, value: str | None) -> None:
         """The label's value, as the API server has it now (on the loop)."""

@@ -190,7 +190,7 @@ async def test_an_invalid_named_config_is_refused_in_one_line_and_the_running_on
     assert agent.terminate() == 0
 
 
-async def test_without_api_access_the_default_runs_said_in_one_line_and_files_and_sighup_apply(
+async def test_without_api_access_the_default_runs_and_follows_its_file_and_sighup(
     launch: Launch, kubelet: Kubelet
 ) -> None:
     agent, configs = launch(CONFIGS, api=False)
@@ -206,6 +206,11 @@ async def test_without_api_access_the_default_runs_said_in_one_line_and_files_an
     await async_wait_until(lambda: lines(agent, "config_unchanged"), DEADLINE, "unchanged")
     assert str(configs / "default") in lines(agent, "config_unchanged")[0]
     assert len(kubelet.registrations) == before
+    # The default taken out of the ConfigMap: said once, and the running config stays.
+    configmap(configs, {"ts4": replicas(4)})
+    await async_wait_until(lambda: lines(agent, "config_default_missing"), DEADLINE, "missing")
+    assert "available=['ts4']" in lines(agent, "config_default_missing")[0]
+    assert len(kubelet.registrations) == before and listed(GPU, 16)(kubelet)
     assert agent.terminate() == 0
 
 
