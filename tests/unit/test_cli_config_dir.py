@@ -3,6 +3,9 @@ environment variables, and never together with --config."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,14 +70,24 @@ def test_a_config_dir_companion_without_config_dir_is_a_usage_error(
 
 
 def test_a_default_that_names_no_config_exits_2_naming_the_configs_there(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     (tmp_path / "default.yaml").write_text("version: v1\n")
     (tmp_path / "ts4").write_text("version: v1\n")
     (tmp_path / "dp").mkdir()
     argv = ["run", "--config-dir", str(tmp_path), "--config-default", "dflt"]
-    argv += ["--device-plugin-dir", str(tmp_path / "dp"), "--node-name", ""]
-    assert main([*argv, "--simulate", "h100-8gpu-8nic", "--families", "gpu"]) == 2
-    err = capsys.readouterr().err
-    assert f"node-agent: {tmp_path}: --config-default: " in err
-    assert "(default, ts4), got 'dflt'" in err
+    argv += ["--device-plugin-dir", str(tmp_path / "dp"), "--simulate", "h100-8gpu-8nic"]
+    # A process of its own: `run` configures logging and signals for the whole process.
+    env = {k: v for k, v in os.environ.items() if k not in {*ENVS, "NODE_NAME"}}
+    done = subprocess.run(
+        [sys.executable, "-m", "agents.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 2
+    assert f"node-agent: {tmp_path}: --config-default: " in done.stderr
+    assert "(default, ts4), got 'dflt'" in done.stderr
+    assert not any((tmp_path / "dp").iterdir())
