@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ import structlog
 
 from agents import __version__
 from agents.config import Config, load_config
+from agents.core.config_choice import DEFAULT_LABEL
 from agents.errors import AgentError, ConfigError
 from agents.tasks import cause, until
 
@@ -27,11 +28,15 @@ if TYPE_CHECKING:
     from agents.daemon import Agent, DraMaker, HealthReporter
     from agents.dra.holdings import DraHoldings
     from agents.family import FamilyKind
+    from agents.nodeconfig import NodeConfigs
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
 API_ENV = "NODE_AGENT_API"
+CONFIG_DIR_ENV = "NODE_AGENT_CONFIG_DIR"
+CONFIG_DEFAULT_ENV = "NODE_AGENT_CONFIG_DEFAULT"
+CONFIG_LABEL_ENV = "NODE_AGENT_CONFIG_LABEL"
 DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -88,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="configuration file (YAML); SIGHUP reads it again",
     )
+    _config_dir_flags(run)
     run.add_argument(
         "--device-plugin-dir",
         type=Path,
@@ -154,6 +160,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="a table with node counts, a Kueue Topology or Volcano HyperNodes (YAML)",
     )
     return parser
+
+
+def _config_dir_flags(run: argparse.ArgumentParser) -> None:
+    """A config per node (docs/configuration.md): named configs, the node's label choosing."""
+    run.add_argument(
+        "--config-dir",
+        type=Path,
+        metavar="DIR",
+        help="a directory of named configs, one file each (a mounted ConfigMap); the node's "
+        "label chooses one, applied again when the label or the directory changes "
+        f"(env {CONFIG_DIR_ENV}; not with --config)",
+    )
+    run.add_argument(
+        "--config-default",
+        metavar="NAME",
+        help=f"with --config-dir: the config of a node without the label (env "
+        f"{CONFIG_DEFAULT_ENV}; default: the config named default, else the only one, "
+        "else the built-in defaults)",
+    )
+    run.add_argument(
+        "--config-label",
+        metavar="KEY",
+        help=f"with --config-dir: the node label that names the config (env "
+        f"{CONFIG_LABEL_ENV}; default {DEFAULT_LABEL})",
+    )
+
+
+def _config_dir_args(run: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
+    """--config-dir and its two companions, from the command line, else the environment."""
+    env: Mapping[str, str] = os.environ
+    given = [f"--config-{f}" for f in ("default", "label") if getattr(opts, f"config_{f}")]
+    if opts.config_dir is None and env.get(CONFIG_DIR_ENV):
+        opts.config_dir = Path(env[CONFIG_DIR_ENV])
+    if opts.config is not None and opts.config_dir is not None:
+        run.error(f"--config and --config-dir (env {CONFIG_DIR_ENV}): one or the other")
+    if given and opts.config_dir is None:
+        run.error(f"{given[0]}: only with --config-dir")
+    opts.config_default = opts.config_default or env.get(CONFIG_DEFAULT_ENV) or None
+    opts.config_label = opts.config_label or env.get(CONFIG_LABEL_ENV) or DEFAULT_LABEL
 
 
 def _cluster_flags(run: argparse.ArgumentParser) -> None:
@@ -228,6 +273,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
     if getattr(opts, "api", "device-plugin") not in ("device-plugin", "dra"):
         _subparser(parser, "run").error(f"{API_ENV}: device-plugin or dra, not {opts.api!r}")
+    if opts.command == "run":
+        _config_dir_args(_subparser(parser, "run"), opts)
     return opts
 
 
@@ -276,7 +323,8 @@ def _run(opts: argparse.Namespace) -> int:
     # Until the event loop handles it, a SIGHUP must not end the process (exit 129).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-    config = _read_config(opts.config)
+    # With --config-dir the config is chosen by the node's label, read once the loop runs.
+    config = None if opts.config_dir else _read_config(opts.config)
     kinds = parse_families(opts.families)
     source = str(opts.config) if opts.config else "<defaults>"
     opts.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +338,27 @@ def _run(opts: argparse.Namespace) -> int:
 
 
 async def _serve(
-    opts: argparse.Namespace, config: Config, source: str, kinds: Sequence[FamilyKind]
+    opts: argparse.Namespace, config: Config | None, source: str, kinds: Sequence[FamilyKind]
+) -> int:
+    if config is not None:
+        return await _serve_config(opts, config, source, kinds, None)
+    from agents.nodeconfig import NodeConfigs, node_api
+
+    api = await node_api(opts.kubeconfig, opts.node_name, os.environ)
+    configs = NodeConfigs(opts.config_dir, opts.config_default, opts.config_label, api)
+    try:
+        chosen = await configs.start()
+        return await _serve_config(opts, chosen.config, configs.source(chosen.file), kinds, configs)
+    finally:
+        await configs.aclose()
+
+
+async def _serve_config(
+    opts: argparse.Namespace,
+    config: Config,
+    source: str,
+    kinds: Sequence[FamilyKind],
+    configs: NodeConfigs | None,
 ) -> int:
     from agents.backends import real_backends, simulated_backends
     from agents.daemon import Agent
@@ -323,15 +391,21 @@ async def _serve(
             dra_holdings=None if dra is not None else _dra_holdings(opts),
             node_labeller=labeller,
         )
+
+        def reloads() -> Coroutine[None, None, None]:
+            if configs is None:
+                return _reload_on(hup, agent, opts.config)
+            return configs.run(agent, hup)
+
         # Start-up too ends at SIGTERM: discovery runs off the loop, so a hung NVML
         # initialisation holds up neither the signal nor the exit.
-        await until(stop, lambda: _serve_agent(agent, hup, opts.config))
+        await until(stop, lambda: _serve_agent(agent, reloads))
     log.info("agent_stopped")
     return EXIT_OK
 
 
-async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> None:
-    """Start the agent, then serve it and reload its config on each SIGHUP."""
+async def _serve_agent(agent: Agent, reloads: Callable[[], Coroutine[None, None, None]]) -> None:
+    """Start the agent, then serve it and apply config changes (SIGHUP, a node's label)."""
     await agent.start()
     _freeze_heap()
     log.info(
@@ -342,7 +416,7 @@ async def _serve_agent(agent: Agent, hup: asyncio.Event, path: Path | None) -> N
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(agent.serve())
-            group.create_task(_reload_on(hup, agent, path))
+            group.create_task(reloads())
     except BaseExceptionGroup as failed:
         raise cause(failed) from None
 

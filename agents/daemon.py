@@ -134,7 +134,7 @@ class Agent:
         """Discover and build every family. Raises ConfigError or BackendError."""
         if self.manager is not None:
             return self.manager
-        fresh = await self._make(self.kinds, self.config)
+        fresh = await self._make(self.kinds, self.config, self.config_source)
         try:
             manager: Runtime
             if self.dra is not None:
@@ -162,7 +162,7 @@ class Agent:
             self.metrics.watch_resources(self.resources)
         return manager
 
-    async def _make(self, kinds: Sequence[FamilyKind], config: Config) -> list[Family]:
+    async def _make(self, kinds: Sequence[FamilyKind], config: Config, source: str) -> list[Family]:
         """Families of `config`, discovered off the loop and built on it; nothing of the
         agent is changed. Raises ConfigError or BackendError, holding nothing then."""
         made: list[Family] = []
@@ -171,7 +171,7 @@ class Agent:
                 view = config_view(kind, config)
                 if self.dra is not None:
                     view = kind.for_dra(view)
-                discover = functools.partial(kind.discover, view, self.backends, self.config_source)
+                discover = functools.partial(kind.discover, view, self.backends, source)
                 found = await off_loop(discover, f"{kind.name}-discovery")
                 made.append(kind.build(found, view, self._context(kind, config)))
                 if not any(r.inventory.devices for r in made[-1].resources()):
@@ -199,20 +199,23 @@ class Agent:
         else:
             self.pairing.withdraw(kind.pairs_as)
 
-    async def reload(self, config: Config) -> None:
-        """Apply a new config: families whose sections changed are built anew, and only
-        resources whose definition changed register again. Raises ConfigError or
-        BackendError, and changes nothing, when the new config cannot be applied."""
+    async def reload(self, config: Config, source: str | None = None) -> None:
+        """Apply a new config (read from `source`, if another file than before): families
+        whose sections changed are built anew, and only resources whose definition changed
+        register again. Raises ConfigError or BackendError, and changes nothing, when the
+        new config cannot be applied."""
+        source = self.config_source if source is None else source
         async with self._reloading:
             manager = await self.start()
             if config == self.config:
-                log.info("config_unchanged", source=self.config_source)
+                self.config_source = source
+                log.info("config_unchanged", source=source)
                 return
             changed = [
                 k for k in self.kinds if config_view(k, self.config) != config_view(k, config)
             ]
             before = {r.name: _definition(r) for r in self.resources()}
-            fresh = await self._make(changed, config)
+            fresh = await self._make(changed, config, source)
             built = {f.name: f for f in fresh}
             now = [r for n, f in self.families.items() for r in built.get(n, f).resources()]
             try:
@@ -223,6 +226,7 @@ class Agent:
                 await _close(fresh)
                 raise
             await self._swap(fresh, config)
+            self.config_source = source
             unchanged = {r.name for r in now if before.get(r.name) == _definition(r)}
             await manager.replace(now, unchanged)
             if self._supervisor is not None:

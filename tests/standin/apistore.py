@@ -145,6 +145,18 @@ class Store:
         self._changed("DELETED", "Node", None, node, self._rv())
         return node
 
+    def label_node(self, name: str, key: str, value: str | None) -> Obj:
+        """Set label `key` on a Node (None: remove it), as `kubectl label node` does."""
+        node = self.node(name)
+        labels = node["metadata"].setdefault("labels", {})
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
+        node["metadata"]["resourceVersion"] = self._rv()
+        self._changed("MODIFIED", "Node", None, node)
+        return node
+
     def node(self, name: str) -> Obj:
         try:
             return self.nodes[name]
