@@ -25,8 +25,14 @@ GPUS = [f"GPU-{i}" for i in range(6)]
 PAIRS = [frozenset(p) for p in itertools.combinations(GPUS, 2)]
 
 
+def stopped_clock() -> float:
+    """Time that never passes: the search's budget never runs out, so on a loaded
+    machine it still reaches the proven best that the reference computes."""
+    return 0.0
+
+
 def resource(plan: ResourcePlan, nvlinks: dict[frozenset[str], int], far: Distance) -> GpuResource:
-    return GpuResource(plan, OPTIONS, nvlinks=nvlinks, pcie=lambda a, b: far)
+    return GpuResource(plan, OPTIONS, nvlinks=nvlinks, pcie=lambda a, b: far, clock=stopped_clock)
 
 
 @settings(max_examples=300, deadline=None)
