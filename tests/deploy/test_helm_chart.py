@@ -135,7 +135,11 @@ def test_named_configs_are_files_under_one_directory_and_the_default_is_read() -
     configmap = only(objs, "ConfigMap")
     assert sorted(configmap["data"]) == ["mig-mixed", "plain"]
     container = agent_container(objs)
-    assert flag(container["args"], "--config") == "/etc/node-agents/configs/plain"
+    # Several configs: each node's label chooses, as NVIDIA's config manager lets it.
+    assert "--config" not in container["args"]
+    assert flag(container["args"], "--config-dir") == "/etc/node-agents/configs"
+    assert flag(container["args"], "--config-default") == "plain"
+    assert flag(container["args"], "--config-label") == "nvidia.com/device-plugin.config"
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     assert mount == {"name": "config", "mountPath": "/etc/node-agents/configs", "readOnly": True}
     (volume,) = [v for v in pod_spec(objs)["volumes"] if v["name"] == "config"]
@@ -174,7 +178,20 @@ def test_an_existing_configmap_is_mounted_by_name_and_none_is_made() -> None:
     assert [o for o in objs if o["kind"] == "ConfigMap"] == []
     (volume,) = [v for v in pod_spec(objs)["volumes"] if v["name"] == "config"]
     assert volume["configMap"] == {"name": "site-configs"}
-    assert flag(agent_container(objs)["args"], "--config") == "/etc/node-agents/configs/default"
+    assert flag(agent_container(objs)["args"], "--config-dir") == "/etc/node-agents/configs"
+    assert flag(agent_container(objs)["args"], "--config-default") == "default"
+
+
+def test_a_config_chosen_by_label_may_read_and_watch_its_node_and_one_config_may_not() -> None:
+    def node_reads(*args: str) -> list[object]:
+        (role,) = [o for o in template(*args) if o["kind"] == "ClusterRole"]
+        return [r for r in role["rules"] if r["resources"] == ["nodes"] and "get" in r["verbs"]]
+
+    read = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]}
+    assert node_reads() == []
+    assert node_reads("--set", "config.name=site-configs") == [read]
+    label = ("--set", "config.name=site-configs", "--set", "config.label=example.com/cfg")
+    assert flag(agent_container(template(*label))["args"], "--config-label") == "example.com/cfg"
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def test_each_named_config_is_accepted_and_default_is_the_bases_config() -> None
     data = only(render(OVERLAY), "ConfigMap")["data"]
     assert sorted(data) == ["default", "ts4"]
     configs = {name: parse_config(text, name) for name, text in data.items()}
-    base = only(render(BASE), "ConfigMap")["data"]["config.yaml"]
+    base = only(render(BASE), "ConfigMap")["data"]["default"]
     assert configs["default"] == parse_config(base, "base")
     [shared] = configs["ts4"].sharing.time_slicing.resources
     assert (shared.name, shared.replicas) == ("nvidia.com/gpu", 4)
@@ -71,10 +71,10 @@ def test_per_node_config_differs_from_the_base_in_nothing_else() -> None:
     container, wanted = agent_container(overlay), agent_container(base)
     args = container["args"]
     assert args[1:5] == ["--config-dir", CONFIG_DIR, "--config-default", "default"]
-    assert wanted["args"][1:3] == ["--config", "/etc/node-agent/config.yaml"]
+    assert wanted["args"][1:3] == ["--config", "/etc/node-agents/configs/default"]
     container["args"] = [args[0], *wanted["args"][1:3], *args[5:]]
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
-    mount["mountPath"] = "/etc/node-agent"
+    mount["mountPath"] = "/etc/node-agents/configs"
     _config_volume(overlay)["configMap"] = _config_volume(base)["configMap"]
     daemonset = only(overlay, "DaemonSet")
     daemonset["spec"]["template"]["spec"]["containers"] = [container]

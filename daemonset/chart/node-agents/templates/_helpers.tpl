@@ -178,3 +178,9 @@ nodeAffinity:
             values: ["dra"]
       {{- end }}
 {{- end -}}
+
+{{/* "true" where a node's label chooses its config (NVIDIA's config manager does this):
+an existing ConfigMap (config.name) or several named configs in config.map. */}}
+{{- define "node-agents.perNodeConfig" -}}
+{{- if or .Values.config.name (gt (len (include "node-agents.configData" . | fromJson)) 1) -}}true{{- end -}}
+{{- end -}}
