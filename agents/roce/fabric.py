@@ -21,6 +21,10 @@ IDLE_WAIT_S = 3600.0  # a wait with nothing due; it wakes only for changes
 class FabricWatch:
     """The neighbours of the watched netdevs, as last read from `source` (the agent's).
 
+    The node's place waits until every watched NIC has heard its leaf, or UNKNOWN_AFTER_S
+    have passed: switches send every 30 s or so, and a leaf group read from the first
+    NIC to hear would be a group this node is not in. Per-NIC facts do not wait.
+
     `fabric_unknown` is logged once when no NIC has heard a neighbour for UNKNOWN_AFTER_S
     since the start or since the last one was lost; `fabric_known` when one is heard
     again, after which a later loss is logged once more."""
@@ -42,6 +46,7 @@ class FabricWatch:
         self.neighbours: dict[str, Neighbour] = {}  # netdev -> neighbour, while known
         self._unheard_since: float | None = clock()
         self._said_unknown = False
+        self._settle_by: float | None = clock() + unknown_after_s  # None: settled
 
     def watch(self, ifnames: Iterable[str]) -> bool:
         """Listen on exactly these netdevs; True when the neighbours known changed."""
@@ -70,7 +75,16 @@ class FabricWatch:
         return True
 
     def place(self) -> Place | None:
+        if not self._settled():
+            return None
         return place_of((n.leaf for n in self.neighbours.values()), self._spines)
+
+    def _settled(self) -> bool:
+        if self._settle_by is not None and (
+            set(self.neighbours) >= set(self._ifnames) or self._clock() >= self._settle_by
+        ):
+            self._settle_by = None
+        return self._settle_by is None
 
     def labels(self) -> dict[str, str]:
         """The node's fabric labels, full names with their own prefixes."""
@@ -79,6 +93,7 @@ class FabricWatch:
     def follow(self, earlier: FabricWatch) -> None:
         """Go on from the family this one replaces: no second `fabric_unknown` for one loss."""
         self._unheard_since, self._said_unknown = earlier._unheard_since, earlier._said_unknown
+        self._settle_by = earlier._settle_by
 
     async def run(self, changed: Callable[[], None]) -> None:
         """Follow the source until cancelled; call `changed` when the neighbours change."""
@@ -86,14 +101,18 @@ class FabricWatch:
         if source is None:
             return
         while True:
+            settle_by = self._settle_by
             if await source.next_change(self._wait_s()) and self.refresh():
                 changed()
+            elif settle_by is not None and self._settled():
+                changed()  # waited long enough: the place from the NICs that heard
             self._check_unknown()
 
     def _wait_s(self) -> float:
-        if self._unheard_since is None or self._said_unknown or not self._ifnames:
-            return IDLE_WAIT_S
-        return max(0.0, self._unheard_since + self._unknown_after_s - self._clock())
+        due = [] if self._settle_by is None else [self._settle_by]
+        if self._unheard_since is not None and not self._said_unknown and self._ifnames:
+            due.append(self._unheard_since + self._unknown_after_s)
+        return IDLE_WAIT_S if not due else max(0.0, min(due) - self._clock())
 
     def _check_unknown(self) -> None:
         since = self._unheard_since
