@@ -20,6 +20,7 @@ from hack.benchlib import (
     apiserver,
     busy,
     dra,
+    fabric,
     faults,
     idle_nvml,
     latency,
@@ -96,6 +97,9 @@ def run(
         if only == "apiserver":
             progress("the API server reachable, refused, never answering")
             return apiserver.apiserver_figures(root, 300 if quick else 2000, 5 if quick else 16)
+        if only == "fabric":
+            progress("the fabric: LLDP frame -> label, malformed frames")
+            return fabric.fabric_figures(root, 10 if quick else 50)
         if only == "dra":
             progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
             return asyncio.run(dra_run(root, quick, rest_s))
@@ -117,6 +121,8 @@ def run(
         rounds = 5 if quick else 20
         figures += faults.xid_fault(fresh("xid"), rounds)
         figures += faults.link_fault(fresh("link"), rounds)
+        progress("the fabric: LLDP frame -> label, malformed frames")
+        figures += fabric.fabric_figures(fresh("fabric"), 10 if quick else 50)
         figures += nvml_hang.nvml_hang(fresh("nvml-hang"), 300 if quick else 1000)
         progress("the API server reachable, refused, never answering")
         figures += apiserver.apiserver_figures(fresh("apiserver"), 300 if quick else 2000, rounds)
@@ -134,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml", "dra"],
+        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
         "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
         "dra: `--api dra` on the bundled node: start -> slices, prepare/unprepare, "
-        "XID -> out of the slice, RSS and API requests at rest)",
+        "XID -> out of the slice, RSS and API requests at rest; "
+        "fabric: an LLDP frame on a veth -> the leaf group in the feature file, and 1,000 "
+        "malformed frames)",
     )
     parser.add_argument(
         "--idle-s",

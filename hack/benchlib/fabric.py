@@ -1,0 +1,123 @@
+"""The fabric: an LLDP frame on a veth -> the leaf group in the agent's feature file, and
+what 1,000 malformed frames cost a serving agent (its RSS, and a valid frame after them)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from hack.benchlib.agent import GPU, NIC, AgentProcess, percentile
+from hack.benchlib.figures import Figure, below, skipped
+from hack.benchlib.nodes import generate_node, write_yaml
+from tests.lldp_frames import PeerSender, ethernet, frame, raw_tlv, tlv
+
+TARGET_MS = 2000.0  # frame received -> label in the feature file
+RSS_GROWTH_LIMIT_MB = 2.0
+LABEL = "network.node-agents.io/leaf-group"
+WITHIN_S = 30.0
+NAMES = (
+    "LLDP frame -> leaf group in the feature file p50",
+    "LLDP frame -> leaf group in the feature file max",
+    "1,000 malformed LLDP frames: agent RSS growth",
+)
+
+
+def fabric_figures(work: Path, rounds: int) -> list[Figure]:
+    """A node of 8 GPUs and 2 NICs whose netdevs are veths into a namespace of our own,
+    where the 'switch' sends its frames from."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return [skipped(n, "", "needs root and iproute2") for n in NAMES]
+    netns = f"nafab-{uuid.uuid4().hex[:8]}"
+    ifnames = ("bfab0", "bfab1")
+    _ip("netns", "add", netns)
+    try:
+        for ifname in ifnames:
+            _ip("link", "add", ifname, "type", "veth", "peer", "name", ifname + "p", "netns", netns)
+            _ip("link", "set", ifname, "up")
+            _ip("-n", netns, "link", "set", ifname + "p", "up")
+        netdevs = dict(enumerate(ifnames))
+        node_file = write_yaml(work / "node.yaml", generate_node(8, 2, netdevs=netdevs))
+        return _measure(work, node_file, netns, ifnames, rounds)
+    finally:
+        for ifname in ifnames:
+            subprocess.run(["ip", "link", "del", ifname], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+
+
+def _measure(
+    work: Path, node_file: Path, netns: str, ifnames: tuple[str, ...], rounds: int
+) -> list[Figure]:
+    features = work / "features"
+    agent = AgentProcess(work, node_file, extra=["--nfd-features-file", str(features)])
+    agent.start()
+    senders = [PeerSender(netns, i + "p") for i in ifnames]
+    try:
+        agent.wait_serving([GPU, NIC])
+        times: list[float] = []
+        for n in range(rounds):
+            leaf = f"leaf-{n}"
+            started = time.monotonic()
+            for sender in senders:  # both NICs on one leaf: the group is that leaf
+                sender.send(frame(system_name=leaf))
+            _wait_label(features, leaf)
+            times.append((time.monotonic() - started) * 1000)
+        before = agent.rss_kib()
+        for n in range(1000):
+            senders[0].send(_malformed(n))
+            if n % 20 == 19:
+                time.sleep(0.001)  # let the socket's buffer drain: every frame is read
+        for sender in senders:
+            sender.send(frame(system_name="leaf-after"))
+        _wait_label(features, "leaf-after")  # still serving, and still hearing
+        growth_mb = (agent.rss_kib() - before) / 1024
+    finally:
+        for sender in senders:
+            sender.close()
+        agent.stop()
+    note = f"real AF_PACKET frames from a veth's far end, {rounds} leaf renames, both NICs"
+    return [
+        below(NAMES[0], percentile(times, 50), "ms", TARGET_MS, note),
+        below(NAMES[1], max(times), "ms", TARGET_MS),
+        below(
+            NAMES[2],
+            growth_mb,
+            "MB",
+            RSS_GROWTH_LIMIT_MB,
+            "six kinds of malformed frame, then a valid one is heard and labelled",
+        ),
+    ]
+
+
+def _malformed(n: int) -> bytes:
+    """Six kinds, by turns: lying length, truncated TLV, wrong order, no TTL, huge count,
+    a short TTL TLV."""
+    kinds = [
+        raw_tlv(1, 300, b"\x04abc"),
+        b"\x02",
+        tlv(2, b"\x05Ethernet1/1") + tlv(1, b"\x04" + b"\0" * 6),
+        tlv(1, b"\x04" + b"\0" * 6) + tlv(2, b"\x05x") + tlv(0),
+        tlv(1, b"\x04" + b"\0" * 6) + tlv(2, b"\x05x") + tlv(3, b"\0\x10") + tlv(127, b"") * 700,
+        tlv(1, b"\x04" + b"\0" * 6) + tlv(2, b"\x05x") + tlv(3, b"\x10") + tlv(0),
+    ]
+    return ethernet(kinds[n % len(kinds)])
+
+
+def _wait_label(features: Path, leaf: str) -> None:
+    want = f"{LABEL}={leaf}\n"
+    deadline = time.monotonic() + WITHIN_S
+    while time.monotonic() < deadline:
+        try:
+            if want in features.read_text():
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.002)
+    raise RuntimeError(f"{LABEL}={leaf} not in {features} within {WITHIN_S:g} s")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
