@@ -457,7 +457,7 @@ async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:
     return await cluster_reporter(opts.kubeconfig, opts.node_name, os.environ)
 
 
-async def _node_labeller(opts: argparse.Namespace) -> NodeLabeller:
+async def _node_labeller(opts: argparse.Namespace) -> NodeLabeller | None:
     from agents.cluster import node_labeller  # only here: never in the RPC path
 
     return await node_labeller(opts.kubeconfig, opts.node_name, os.environ)

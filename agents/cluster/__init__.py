@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.cluster.access import Access, from_kubeconfig, in_cluster
-from agents.errors import AgentError, ConfigError
+from agents.errors import AgentError
 
 if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
@@ -48,20 +48,31 @@ async def cluster_reporter(
 
 async def node_labeller(
     kubeconfig: Path | None, node_name: str | None, env: Mapping[str, str]
-) -> NodeLabeller:
-    """`--label-node`'s labeller for this node. ConfigError when the node's name or the API
-    server is unknown: the flag asks for what cannot then be done."""
+) -> NodeLabeller | None:
+    """`--label-node`'s labeller for this node, or None (said in one log line) when the
+    node's name or the API server is unknown: the labels then reach the Node through the
+    feature file alone, and the device plugins serve either way."""
     node = this_node(node_name, env)
     if not node:
-        raise ConfigError(
-            "--label-node", "--node-name", f"this node's name (or env {NODE_NAME_ENV})"
+        log.warning(
+            "node_labels_off",
+            reason=f"--label-node without a node name: env {NODE_NAME_ENV} or --node-name",
+            effect="fabric labels in the feature file only; device plugins keep serving",
         )
+        return None
     try:
         access = await api_access(kubeconfig, env)
     except (AgentError, OSError, ValueError) as exc:
-        raise ConfigError("--label-node", "--kubeconfig", f"API server access: {exc}") from exc
+        access, reason = None, f"API server access: {exc}"
+    else:
+        reason = "no API access: not in a pod and no --kubeconfig"
     if access is None:
-        raise ConfigError("--label-node", "--kubeconfig", "API server access (or run in a pod)")
+        log.warning(
+            "node_labels_off",
+            reason=reason,
+            effect="fabric labels in the feature file only; device plugins keep serving",
+        )
+        return None
     from agents.cluster.client import ApiClient
     from agents.cluster.node_labels import NodeLabeller
 

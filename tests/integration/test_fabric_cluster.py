@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 
+from agents.cluster import node_labeller
 from agents.cluster.access import Access
 from agents.cluster.client import ApiClient
 from agents.cluster.node_labels import NodeLabeller
@@ -171,3 +173,24 @@ def test_fabric_without_api_access_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "--kubeconfig" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig", "env", "reason"),
+    [
+        (None, {"NODE_NAME": "n1"}, "no API access"),
+        ("missing", {"NODE_NAME": "n1"}, "API server access"),
+        (None, {}, "without a node name"),
+    ],
+    ids=["no-access", "unreadable-kubeconfig", "no-node-name"],
+)
+async def test_label_node_without_api_or_name_leaves_labels_to_the_feature_file(
+    tmp_path: Path, kubeconfig: str | None, env: dict[str, str], reason: str
+) -> None:
+    # The DaemonSet passes --label-node; a node whose agent cannot reach its Node must
+    # still serve its devices (a crash loop would take them off the node).
+    path = None if kubeconfig is None else tmp_path / kubeconfig
+    with structlog.testing.capture_logs() as logs:
+        assert await node_labeller(path, None, env) is None
+    (said,) = [e for e in logs if e["event"] == "node_labels_off"]
+    assert reason in said["reason"]
