@@ -31,6 +31,8 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
 API_ENV = "NODE_AGENT_API"
+LOG_LEVEL_ENV = "NODE_AGENT_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -49,7 +51,12 @@ def _node_file(arg: str) -> Path:
     from agents.sim.bundled import bundled_node, bundled_nodes
 
     stem = arg.removesuffix(".yaml")
-    return bundled_node(stem) if stem in bundled_nodes() else path
+    names = bundled_nodes()
+    if stem not in names:
+        raise argparse.ArgumentTypeError(
+            f"{arg}: no such file, nor a bundled node (bundled: {', '.join(names)})"
+        )
+    return bundled_node(stem)
 
 
 def configure_logging(fmt: str, level: int = logging.INFO) -> None:
@@ -134,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="console",
         help="log lines as JSON objects or as console text (default console)",
     )
+    run.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=os.environ.get(LOG_LEVEL_ENV, "info"),
+        help=f"the least severe events logged (env {LOG_LEVEL_ENV}; default info)",
+    )
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
     topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
     topo.add_argument("--config", type=Path, metavar="FILE", help="configuration file (YAML)")
@@ -201,13 +214,23 @@ def _dra_flags(run: argparse.ArgumentParser) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse argv; an unknown argument after a command gets that command's usage (exit 2)."""
     parser = build_parser()
-    opts, extra = parser.parse_known_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    # Before the command only --help and --version are known; argparse would only say
+    # that the command is missing.
+    before = next((i for i, arg in enumerate(args) if not arg.startswith("-")), len(args))
+    unknown = [a for a in args[:before] if a not in ("-h", "--help", "--version")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    opts, extra = parser.parse_known_args(args)
     if extra:
         _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(opts, "simulate_root", None) and not opts.simulate:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
     if getattr(opts, "api", "device-plugin") not in ("device-plugin", "dra"):
         _subparser(parser, "run").error(f"{API_ENV}: device-plugin or dra, not {opts.api!r}")
+    if getattr(opts, "log_level", "info") not in LOG_LEVELS:
+        levels = ", ".join(LOG_LEVELS)
+        _subparser(parser, "run").error(f"{LOG_LEVEL_ENV}: one of {levels}, not {opts.log_level!r}")
     return opts
 
 
@@ -221,7 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     try:
         if opts.command == "run":
-            configure_logging(opts.log_format)
+            configure_logging(
+                opts.log_format, logging.getLevelNamesMapping()[opts.log_level.upper()]
+            )
             return _run(opts)
         configure_logging("console", logging.ERROR)
         if opts.command == "topo":
