@@ -44,7 +44,8 @@ SIMULATE_HELP = "simulated node file, or the name of a bundled one (e.g. h100-8g
 
 
 def _node_file(arg: str) -> Path:
-    """A node file path; a name that is no file but a bundled node means that node."""
+    """A node file path; a name that is no file means the bundled node of that name, and
+    is a usage error listing the bundled nodes if there is none."""
     path = Path(arg)
     if path.exists() or os.sep in arg:
         return path
