@@ -33,9 +33,13 @@ from hack.benchlib.nodes import write_yaml
 from tests.conditions import async_wait_until
 from tests.soak.unstarved import UnstarvedClock
 
-pytestmark = pytest.mark.soak
-
 SCALE = float(os.environ.get("SOAK_SCALE", "0.1"))
+# Against hangs only, every wait has its own limit: a test starts agents one after
+# another, and each start took up to 12 s on a loaded 2-core machine (the suite's 60 s
+# is too short there). At full scale the same as hack/soak gives.
+TIMEOUT_S = round(180 * max(SCALE / 0.1, 1))
+
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(TIMEOUT_S)]
 NODE = "h100-8gpu-8nic"
 RESOURCES = (GPU, NIC)
 WAIT = 10.0
