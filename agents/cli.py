@@ -37,6 +37,8 @@ API_ENV = "NODE_AGENT_API"
 CONFIG_DIR_ENV = "NODE_AGENT_CONFIG_DIR"
 CONFIG_DEFAULT_ENV = "NODE_AGENT_CONFIG_DEFAULT"
 CONFIG_LABEL_ENV = "NODE_AGENT_CONFIG_LABEL"
+LOG_LEVEL_ENV = "NODE_AGENT_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
@@ -48,14 +50,20 @@ SIMULATE_HELP = "simulated node file, or the name of a bundled one (e.g. h100-8g
 
 
 def _node_file(arg: str) -> Path:
-    """A node file path; a name that is no file but a bundled node means that node."""
+    """A node file path; a name that is no file means the bundled node of that name, and
+    is a usage error listing the bundled nodes if there is none."""
     path = Path(arg)
     if path.exists() or os.sep in arg:
         return path
     from agents.sim.bundled import bundled_node, bundled_nodes
 
     stem = arg.removesuffix(".yaml")
-    return bundled_node(stem) if stem in bundled_nodes() else path
+    names = bundled_nodes()
+    if stem not in names:
+        raise argparse.ArgumentTypeError(
+            f"{arg}: no such file, nor a bundled node (bundled: {', '.join(names)})"
+        )
+    return bundled_node(stem)
 
 
 def configure_logging(fmt: str, level: int = logging.INFO) -> None:
@@ -140,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("json", "console"),
         default="console",
         help="log lines as JSON objects or as console text (default console)",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=os.environ.get(LOG_LEVEL_ENV, "info"),
+        help=f"the least severe events logged (env {LOG_LEVEL_ENV}; default info)",
     )
     topo = sub.add_parser("topo", help="devices, GPU<->NIC pairs and the distance matrix")
     topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
@@ -266,13 +280,23 @@ def _dra_flags(run: argparse.ArgumentParser) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Parse argv; an unknown argument after a command gets that command's usage (exit 2)."""
     parser = build_parser()
-    opts, extra = parser.parse_known_args(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    # Before the command only --help and --version are known; argparse would only say
+    # that the command is missing.
+    before = next((i for i, arg in enumerate(args) if not arg.startswith("-")), len(args))
+    unknown = [a for a in args[:before] if a not in ("-h", "--help", "--version")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    opts, extra = parser.parse_known_args(args)
     if extra:
         _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(opts, "simulate_root", None) and not opts.simulate:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
     if getattr(opts, "api", "device-plugin") not in ("device-plugin", "dra"):
         _subparser(parser, "run").error(f"{API_ENV}: device-plugin or dra, not {opts.api!r}")
+    if getattr(opts, "log_level", "info") not in LOG_LEVELS:
+        levels = ", ".join(LOG_LEVELS)
+        _subparser(parser, "run").error(f"{LOG_LEVEL_ENV}: one of {levels}, not {opts.log_level!r}")
     if opts.command == "run":
         _config_dir_args(_subparser(parser, "run"), opts)
     return opts
@@ -288,7 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
     try:
         if opts.command == "run":
-            configure_logging(opts.log_format)
+            configure_logging(
+                opts.log_format, logging.getLevelNamesMapping()[opts.log_level.upper()]
+            )
             return _run(opts)
         configure_logging("console", logging.ERROR)
         if opts.command == "topo":

@@ -17,6 +17,7 @@ from agents.configschema import (
     SchemaError,
     Section,
     annotation_prefix,
+    bad,
     boolean,
     devices,
     duration,
@@ -52,6 +53,10 @@ SHARED_DEVICES_POLICIES: tuple[SharedDevicesPolicy, ...] = ("distributed", "pack
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
 SHARED_SUFFIX = ".shared"
+# Bounds on time-slicing (docs/configuration.md#time-slicing-bounds): every replica is a
+# device in the agent's memory and in the ListAndWatch message the kubelet must take.
+MAX_REPLICAS = 1024  # per GPU or MIG instance, in one sharing.timeSlicing entry
+MAX_SHARED_DEVICES = 16384  # replicas a node advertises, all resources together
 
 
 @dataclass(frozen=True)
@@ -333,7 +338,7 @@ def _replicated(sec: Section) -> TimeSlicing:
         item = Section(raw, path, ("name", "replicas", "rename", "devices"), sec.ignored)
         entry = TimeSlicedResource(
             name=item.required("name", gpu_resource, "a GPU resource name such as nvidia.com/gpu"),
-            replicas=item.required("replicas", integer(1), "an integer >= 1"),
+            replicas=item.required("replicas", _replicas, "an integer >= 1"),
             rename=item.value("rename", shared_name, None),
         )
         chosen: ReplicatedDevices = item.value("devices", devices, "all")
@@ -348,6 +353,13 @@ def _replicated(sec: Section) -> TimeSlicing:
         where = item.at("rename") if entry.rename else item.path
         _once(advertised, sharing.advertised_name(entry.name), where)
     return sharing
+
+
+def _replicas(value: object) -> int:
+    count = integer(1)(value)
+    if count > MAX_REPLICAS:
+        raise bad(f"at most {MAX_REPLICAS} (replicas per GPU or MIG instance)", value)
+    return count
 
 
 def _once(seen: dict[str, str], name: str, path: str) -> None:

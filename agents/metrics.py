@@ -105,13 +105,20 @@ class _DeviceCollector(Collector):
         yield info
 
 
+# The port the DaemonSet serves on (docs/configuration.md#metrics-port): the default of
+# no component commonly found on GPU nodes; the command line itself has no default.
+METRICS_PORT = 17400
+
+
 class MetricsServer:
     """A minimal HTTP/1.1 server for GET /metrics and GET /healthz, one request a connection."""
 
     def __init__(self, metrics: Metrics, address: str, healthy: Callable[[], bool]) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError("--metrics-address", address, "HOST:PORT, e.g. 0.0.0.0:9400")
+            raise ConfigError(
+                "--metrics-address", address, f"HOST:PORT, e.g. 0.0.0.0:{METRICS_PORT}"
+            )
         self._host, self._port = host.strip("[]"), int(port)
         self._metrics = metrics
         self._healthy = healthy

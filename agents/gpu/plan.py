@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from agents.config import Config
+from agents.config import MAX_SHARED_DEVICES, Config
 from agents.errors import ConfigError
 from agents.gpu.discovery import Gpu
 
@@ -42,6 +42,7 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
     groups: dict[str, list[Unit]] = {}
     for name, unit in _base_units(gpus, config, source):
         groups.setdefault(name, []).append(unit)
+    _check_shared_total(groups, config, source)  # before any replica is made
     plans = [_shared(name, units, config) for name, units in sorted(groups.items())]
     names = [p.name for p in plans]
     for name in sorted({n for n in names if names.count(n) > 1}):
@@ -52,6 +53,23 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
             f"a name no other GPU resource of this node has; {name} is offered twice",
         )
     return plans
+
+
+def _check_shared_total(groups: dict[str, list[Unit]], config: Config, source: str) -> None:
+    """Refuse more time-sliced devices than a node serves within its memory limit; the
+    entry that goes past the bound is named."""
+    total = 0
+    for i, entry in enumerate(config.sharing.time_slicing.resources):
+        devices = len(groups.get(entry.name, ()))
+        total += devices * entry.replicas
+        if total > MAX_SHARED_DEVICES:
+            raise ConfigError(
+                source,
+                f"sharing.timeSlicing.resources[{i}].replicas",
+                f"at most {MAX_SHARED_DEVICES} time-sliced devices on a node; "
+                f"{entry.replicas} replicas of each of {devices} {entry.name} devices "
+                f"bring this node to {total}",
+            )
 
 
 def _base_units(gpus: Sequence[Gpu], config: Config, source: str) -> list[tuple[str, Unit]]:

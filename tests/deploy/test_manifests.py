@@ -3,13 +3,15 @@ host, how it is probed and updated, and the configuration it ships with."""
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import re
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
 from agents.cli import parse_args
 from agents.config import parse_config
+from agents.metrics import METRICS_PORT
 from tests.deploy.manifests import (
     DAEMONSET_DIR,
     VARIANTS,
@@ -260,6 +262,35 @@ def test_liveness_probe_hits_healthz_on_the_metrics_port(variant: str) -> None:
     assert host == "$(POD_IP)"
     pod_ip = env(container)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert pod_ip == "status.podIP"
+
+
+# Default ports of what else runs on GPU nodes, often on the host network too; the
+# table in docs/configuration.md#metrics-port says whose.
+TAKEN_PORTS = {
+    *(5555, 8000, 8080, 8081, 8181, 9090, 9091, 9093, 9099, 9100, 9153, 9253, 9400, 9808),
+    *(4240, 4244, 5473, 9879, 9890, *range(9962, 9966), 10254),
+    *(10248, 10249, 10250, 10255, 10256),
+}
+
+
+@variants
+def test_metrics_port_is_the_documented_one_and_no_common_gpu_node_default(variant: str) -> None:
+    container = agent_container(render(variant))
+    port = int(flag(container["args"], "--metrics-address").rsplit(":", 1)[1])
+    assert port == METRICS_PORT == 17400
+    assert port not in TAKEN_PORTS
+    assert not 9100 <= port <= 9999  # the Prometheus exporters' range, all allocated
+    assert port < 30000  # below the NodePort range and the kernel's ephemeral ports
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = reference[reference.index("### Metrics port") :]
+    table = section[: section.index("\n## ")]
+    listed = {
+        port
+        for low, high in re.findall(r"\b(\d{4,5})(?:-(\d{4,5}))?\b", table)
+        for port in range(int(low), int(high or low) + 1)
+    }
+    assert TAKEN_PORTS - listed == set()
+    assert f"port {METRICS_PORT}" in section
 
 
 @variants

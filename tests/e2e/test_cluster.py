@@ -166,7 +166,7 @@ def test_the_liveness_probe_passes_and_healthz_answers(deployment: Deployment) -
     )
     pod = the_agent(deployment)
     assert ready(pod) and restart_count(pod) == 0
-    url = f"http://{pod['status']['podIP']}:9400/healthz"
+    url = f"http://{pod['status']['podIP']}:17400/healthz"
     code = exec_in(
         AGENT_NS,
         pod["metadata"]["name"],

@@ -174,7 +174,7 @@ async def test_the_image_registers_allocates_and_stops_as_the_daemonset_runs_it(
         container,
         "python3",
         "-c",
-        "import urllib.request as u;print(u.urlopen('http://127.0.0.1:9400/healthz').status)",
+        "import urllib.request as u;print(u.urlopen('http://127.0.0.1:17400/healthz').status)",
     )
     assert healthz == "200"
     assert "node-agents.io/gpu.count=" in (host_dirs[NFD_DIR] / "node-agents").read_text()

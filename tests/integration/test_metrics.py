@@ -276,6 +276,6 @@ async def test_bad_requests_do_not_stop_the_server(
 
 
 def test_metrics_address_must_be_host_and_port() -> None:
-    for bad in ("9400", "localhost", "0.0.0.0:http", "0.0.0.0:70000"):
+    for bad in ("17400", "localhost", "0.0.0.0:http", "0.0.0.0:70000"):
         with pytest.raises(ConfigError, match="--metrics-address"):
             MetricsServer(Metrics(), bad, lambda: True)

@@ -1,4 +1,5 @@
-"""The command line: per-command usage on errors, --version, and help for every flag."""
+"""The command line: per-command usage on errors naming the unknown flag, --version, help
+for every flag, bundled node names, and the log level."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from agents import __version__
-from agents.cli import DEFAULT_POD_RESOURCES_SOCKET, build_parser, main, parse_args
+from agents.cli import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    LOG_LEVEL_ENV,
+    build_parser,
+    main,
+    parse_args,
+)
+from agents.sim.bundled import bundled_nodes
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -74,3 +82,54 @@ def test_simulate_root_is_made_absolute_and_off_by_default(
     monkeypatch.chdir(tmp_path)
     opts = parse_args(["run", "--simulate", "h100-8gpu-8nic", "--simulate-root", "sim"])
     assert opts.simulate_root == tmp_path / "sim"
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--bogus", "run"], ["-x", "topo", "--json"]])
+def test_unknown_flag_before_the_command_is_named_and_exits_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: node-agent [-h]")
+    assert err.rstrip().endswith(f"node-agent: error: unrecognized arguments: {argv[0]}")
+
+
+@pytest.mark.parametrize("command", ["run", "topo"])
+def test_simulate_name_that_is_neither_file_nor_bundled_node_lists_the_bundled_ones(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--simulate", "h100-8gpu-8nix"])
+    assert exited.value.code == 2
+    (last,) = capsys.readouterr().err.splitlines()[-1:]
+    assert last == (
+        f"node-agent {command}: error: argument --simulate: h100-8gpu-8nix: no such file, "
+        f"nor a bundled node (bundled: {', '.join(bundled_nodes())})"
+    )
+    assert "h100-8gpu-8nic" in bundled_nodes()
+
+
+def test_log_level_defaults_to_info_and_the_flag_wins_over_the_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(LOG_LEVEL_ENV, raising=False)
+    assert parse_args(["run"]).log_level == "info"
+    monkeypatch.setenv(LOG_LEVEL_ENV, "error")
+    assert parse_args(["run"]).log_level == "error"
+    assert parse_args(["run", "--log-level", "debug"]).log_level == "debug"
+
+
+def test_log_level_env_outside_the_levels_is_a_usage_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(LOG_LEVEL_ENV, "loud")
+    with pytest.raises(SystemExit) as exited:
+        main(["run"])
+    assert exited.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith(f"{LOG_LEVEL_ENV}: one of debug, info, warning, error, not 'loud'")
+    )

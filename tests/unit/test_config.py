@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.config import (
+    MAX_REPLICAS,
     Config,
     Fabric,
     Flags,
@@ -317,6 +318,14 @@ def test_time_sliced_resources_resolve_their_advertised_name(
     assert ts.advertised_name("nvidia.com/mig-7g.80gb") == "nvidia.com/mig-7g.80gb"
 
 
+def test_replicas_up_to_the_documented_bound_are_accepted() -> None:
+    text = TS % f"{{resources: [{{name: nvidia.com/gpu, replicas: {MAX_REPLICAS}}}]}}"
+    (entry,) = parse_config(text, "c.yaml").sharing.time_slicing.resources
+    assert entry.replicas == MAX_REPLICAS == 1024
+    reference = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    assert f"at most {MAX_REPLICAS}" in reference
+
+
 def test_roce_pairing_and_health_settings_are_read() -> None:
     config = parse_config(
         "roce:\n  resourceName: example.com/roce\n  selectors:\n"
@@ -582,6 +591,19 @@ BAD = [
         "roce: {selectors: {pciAddresses: ['1c:00.0']}}\n",
         "roce.selectors.pciAddresses[0]",
         "a PCI address",
+    ),
+    (
+        "replicas-over-the-bound",
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 100000000}]}}\n",
+        "sharing.timeSlicing.resources[0].replicas",
+        "at most 1024 (replicas per GPU or MIG instance), got 100000000",
+    ),
+    (
+        "replicas-one-over-the-bound-in-a-later-entry",
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2},"
+        " {name: nvidia.com/mig-1g.10gb, replicas: 1025}]}}\n",
+        "sharing.timeSlicing.resources[1].replicas",
+        "at most 1024",
     ),
     (
         "xid-zero",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import structlog
 
-from agents.config import parse_config
+from agents.config import MAX_REPLICAS, MAX_SHARED_DEVICES, parse_config
 from agents.errors import ConfigError
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import ResourcePlan, Unit, plan_resources
@@ -230,3 +230,23 @@ def test_a_rename_onto_an_offered_resource_is_a_config_error() -> None:
         plan(MIXED_NODE, config)
     assert err.value.key == "sharing.timeSlicing.resources[].rename"
     assert "nvidia.com/mig-3g.40gb" in err.value.expected
+
+
+def test_time_sliced_devices_up_to_the_node_bound_are_planned() -> None:
+    gpus = [gpu(i) for i in range(MAX_SHARED_DEVICES // MAX_REPLICAS)]
+    (shared,) = plan(gpus, sliced(MAX_REPLICAS))
+    assert len(shared.units) == MAX_SHARED_DEVICES == 16384
+
+
+def test_more_time_sliced_devices_than_the_node_bound_is_a_config_error_naming_the_entry() -> None:
+    gpus = [gpu(i, *["1g.10gb"] * 7) for i in range(3)]  # 21 MIG instances
+    config = (
+        "flags: {migStrategy: mixed}\n"
+        "sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4},"
+        f" {{name: nvidia.com/mig-1g.10gb, replicas: {MAX_REPLICAS}}}]}}}}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        plan(gpus, config)
+    assert err.value.key == "sharing.timeSlicing.resources[1].replicas"
+    assert err.value.expected.startswith(f"at most {MAX_SHARED_DEVICES} time-sliced devices")
+    assert "21 nvidia.com/mig-1g.10gb devices bring this node to 21504" in err.value.expected
