@@ -91,9 +91,12 @@ class FabricWatch:
         return fabric_labels(self.place(), self._config.label_keys)
 
     def follow(self, earlier: FabricWatch) -> None:
-        """Go on from the family this one replaces: no second `fabric_unknown` for one loss."""
+        """Go on from the family this one replaces: its neighbours, and no second
+        `fabric_unknown` for one loss."""
         self._unheard_since, self._said_unknown = earlier._unheard_since, earlier._said_unknown
         self._settle_by = earlier._settle_by
+        # What the NICs heard stays heard: a reload must not publish them without it.
+        self._ifnames, self.neighbours = earlier._ifnames, dict(earlier.neighbours)
 
     async def run(self, changed: Callable[[], None]) -> None:
         """Follow the source until cancelled; call `changed` when the neighbours change."""

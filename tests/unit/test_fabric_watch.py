@@ -91,3 +91,17 @@ async def test_the_watch_wakes_at_the_minute_to_publish_what_it_heard() -> None:
         assert watch.labels() == {"network.node-agents.io/leaf-group": "leaf-a"}
     finally:
         task.cancel()
+
+
+def test_a_reloaded_family_goes_on_with_what_its_nics_heard() -> None:
+    # A SIGHUP rebuilds the family: its slices must not lose the leaf attributes for a
+    # moment, nor its node the labels.
+    source, clock = Heard(), Clock()
+    earlier = watching(source, clock)
+    source.heard.update({"ens1np0": LEAF_A, "ens2np0": LEAF_B})
+    earlier.refresh()
+    later = FabricWatch(source, Fabric(), clock=clock, unknown_after_s=60.0)
+    later.follow(earlier)
+    assert later.neighbours == earlier.neighbours
+    assert later.labels() == earlier.labels() != {}
+    assert not later.watch(["ens1np0", "ens2np0"])  # nothing changed: nothing to publish
