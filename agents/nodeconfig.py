@@ -232,6 +232,8 @@ class NodeConfigs:
             self._say(choice, files)
             if choice.name is None:
                 return
+            if choice.missing is not None and choice.name not in files | {BUILT_IN: ""}:
+                return  # the running config's file went with what is wanted: it stays
             file, text = await asyncio.to_thread(self._text, choice.name, files)
         except ConfigError as exc:
             log.error("config_reload_refused", error=str(exc), kept=self.source(running.file))
