@@ -4,25 +4,33 @@ what 1,000 malformed frames cost a serving agent (its RSS, and a valid frame aft
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from hack.benchlib.agent import GPU, NIC, AgentProcess, percentile
+from hack.benchlib.agent import GPU, NIC, AgentProcess, Client, percentile, timed_each
 from hack.benchlib.figures import Figure, below, skipped
 from hack.benchlib.nodes import generate_node, write_yaml
-from tests.lldp_frames import PeerSender, ethernet, frame, raw_tlv, tlv
+from tests.lldp_frames import PeerSender, ethernet, frame, lldpdu, raw_tlv, tlv
 
 TARGET_MS = 2000.0  # frame received -> label in the feature file
 RSS_GROWTH_LIMIT_MB = 2.0
 LABEL = "network.node-agents.io/leaf-group"
 WITHIN_S = 30.0
+OTHER_ETHERTYPE = 0x88B5  # IEEE local experimental: not LLDP, never read by the agent
+CALLS = 500  # Allocate round trips timed at rest and during a flood of frames
 NAMES = (
     "LLDP frame -> leaf group in the feature file p50",
     "LLDP frame -> leaf group in the feature file max",
     "1,000 malformed LLDP frames: agent RSS growth",
+    "Allocate nvidia.com/gpu p99 at rest",
+    "Allocate nvidia.com/gpu p99, the same flood of frames the agent does not read",
+    "Allocate nvidia.com/gpu p99 during an LLDP flood",
 )
 
 
@@ -74,6 +82,7 @@ def _measure(
             sender.send(frame(system_name="leaf-after"))
         _wait_label(features, "leaf-after")  # still serving, and still hearing
         growth_mb = (agent.rss_kib() - before) / 1024
+        rest_ms, other_ms, flood_ms, frames = _allocate_under_flood(agent, senders[0])
     finally:
         for sender in senders:
             sender.close()
@@ -89,7 +98,62 @@ def _measure(
             RSS_GROWTH_LIMIT_MB,
             "six kinds of malformed frame, then a valid one is heard and labelled",
         ),
+        Figure(NAMES[3], rest_ms, "ms"),
+        Figure(
+            NAMES[4],
+            other_ms,
+            "ms",
+            note="the reference: the sender's own CPU, frames of another ethertype",
+        ),
+        below(
+            NAMES[5],
+            flood_ms,
+            "ms",
+            2 * other_ms,
+            f"{CALLS} calls each; {frames} LLDP frames (malformed and valid by turns) sent as "
+            "fast as one thread can; target: 2x the reference",
+        ),
     ]
+
+
+def _allocate_under_flood(
+    agent: AgentProcess, sender: PeerSender
+) -> tuple[float, float, float, int]:
+    """Allocate p99 (ms) at rest, while a thread floods one NIC with frames the agent does
+    not read (another ethertype: the sender's own cost), and with LLDP frames; and how
+    many LLDP frames that flood sent: reading frames must not hold up an RPC."""
+    rng = random.Random(7)
+    other = ethernet(lldpdu(), ethertype=OTHER_ETHERTYPE)
+    with Client(agent.socket(GPU)) as client:
+        ids = sorted(client.devices())
+        calls = [lambda: client.allocate(rng.sample(ids, 2)) for _ in range(CALLS)]
+        rest = [s * 1000 for s in timed_each(calls)]
+        other_ms, _ = _flooded(calls, sender, lambda n: other)
+        lldp_ms, sent = _flooded(
+            calls, sender, lambda n: _malformed(n) if n % 2 else frame(system_name="leaf-f")
+        )
+    return percentile(rest, 99), other_ms, lldp_ms, sent
+
+
+def _flooded(
+    calls: list[Callable[[], object]], sender: PeerSender, make: Callable[[int], bytes]
+) -> tuple[float, int]:
+    """The calls' p99 (ms) while a thread sends make(n) for n = 0, 1, ...; frames sent."""
+    stop, sent = threading.Event(), [0]
+
+    def flood() -> None:
+        while not stop.is_set():
+            sender.send(make(sent[0]))
+            sent[0] += 1
+
+    flooder = threading.Thread(target=flood, daemon=True)
+    flooder.start()
+    try:
+        times = [s * 1000 for s in timed_each(calls)]
+    finally:
+        stop.set()
+        flooder.join()
+    return percentile(times, 99), sent[0]
 
 
 def _malformed(n: int) -> bytes:
