@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hack.benchlib.agent import GPU, NIC, AgentProcess, Client, percentile, timed_each
@@ -31,6 +32,8 @@ NAMES = (
     "Allocate nvidia.com/gpu p99 at rest",
     "Allocate nvidia.com/gpu p99, the same flood of frames the agent does not read",
     "Allocate nvidia.com/gpu p99 during an LLDP flood",
+    "agent CPU per Allocate, the same flood of frames it does not read",
+    "agent CPU per Allocate during an LLDP flood",
 )
 
 
@@ -82,7 +85,7 @@ def _measure(
             sender.send(frame(system_name="leaf-after"))
         _wait_label(features, "leaf-after")  # still serving, and still hearing
         growth_mb = (agent.rss_kib() - before) / 1024
-        rest_ms, other_ms, flood_ms, frames = _allocate_under_flood(agent, senders[0])
+        flood = _allocate_under_flood(agent, senders[0])
     finally:
         for sender in senders:
             sender.close()
@@ -98,47 +101,68 @@ def _measure(
             RSS_GROWTH_LIMIT_MB,
             "six kinds of malformed frame, then a valid one is heard and labelled",
         ),
-        Figure(NAMES[3], rest_ms, "ms"),
+        Figure(NAMES[3], flood.rest_ms, "ms"),
         Figure(
             NAMES[4],
-            other_ms,
+            flood.other_ms,
             "ms",
             note="the reference: the sender's own CPU, frames of another ethertype",
         ),
-        below(
+        Figure(
             NAMES[5],
-            flood_ms,
+            flood.lldp_ms,
             "ms",
-            2 * other_ms,
-            f"{CALLS} calls each; {frames} LLDP frames (malformed and valid by turns) sent as "
-            "fast as one thread can; target: 2x the reference",
+            note=f"{CALLS} calls each; {flood.frames} LLDP frames (malformed and valid by "
+            "turns) sent as fast as one thread can: the kernel's delivery to a listening "
+            "socket is the sender's cost too",
+        ),
+        Figure(NAMES[6], flood.other_cpu, "ms", note="the agent's utime + stime over the calls"),
+        below(
+            NAMES[7],
+            flood.lldp_cpu,
+            "ms",
+            1.5 * flood.other_cpu,
+            "frames read: at most 200 a second per netdev, the rest dropped by the kernel; "
+            "target: 1.5x the reference",
         ),
     ]
 
 
-def _allocate_under_flood(
-    agent: AgentProcess, sender: PeerSender
-) -> tuple[float, float, float, int]:
+@dataclass(frozen=True)
+class Flooded:
+    rest_ms: float
+    other_ms: float
+    lldp_ms: float
+    other_cpu: float
+    lldp_cpu: float
+    frames: int
+
+
+def _allocate_under_flood(agent: AgentProcess, sender: PeerSender) -> Flooded:
     """Allocate p99 (ms) at rest, while a thread floods one NIC with frames the agent does
-    not read (another ethertype: the sender's own cost), and with LLDP frames; and how
-    many LLDP frames that flood sent: reading frames must not hold up an RPC."""
+    not read (another ethertype: the sender's own cost), and with LLDP frames; the agent's
+    CPU during each flood: reading frames must not take the loop from the RPCs."""
     rng = random.Random(7)
     other = ethernet(lldpdu(), ethertype=OTHER_ETHERTYPE)
     with Client(agent.socket(GPU)) as client:
         ids = sorted(client.devices())
         calls = [lambda: client.allocate(rng.sample(ids, 2)) for _ in range(CALLS)]
         rest = [s * 1000 for s in timed_each(calls)]
-        other_ms, _ = _flooded(calls, sender, lambda n: other)
-        lldp_ms, sent = _flooded(
-            calls, sender, lambda n: _malformed(n) if n % 2 else frame(system_name="leaf-f")
+        other_ms, other_cpu, _ = _flooded(agent, calls, sender, lambda n: other)
+        lldp_ms, lldp_cpu, sent = _flooded(
+            agent, calls, sender, lambda n: _malformed(n) if n % 2 else frame(system_name="leaf-f")
         )
-    return percentile(rest, 99), other_ms, lldp_ms, sent
+    return Flooded(percentile(rest, 99), other_ms, lldp_ms, other_cpu, lldp_cpu, sent)
 
 
 def _flooded(
-    calls: list[Callable[[], object]], sender: PeerSender, make: Callable[[int], bytes]
-) -> tuple[float, int]:
-    """The calls' p99 (ms) while a thread sends make(n) for n = 0, 1, ...; frames sent."""
+    agent: AgentProcess,
+    calls: list[Callable[[], object]],
+    sender: PeerSender,
+    make: Callable[[int], bytes],
+) -> tuple[float, float, int]:
+    """The calls' p99 (ms) while a thread sends make(n) for n = 0, 1, ...; the agent's CPU
+    time meanwhile per call (ms); the frames sent."""
     stop, sent = threading.Event(), [0]
 
     def flood() -> None:
@@ -149,11 +173,13 @@ def _flooded(
     flooder = threading.Thread(target=flood, daemon=True)
     flooder.start()
     try:
+        cpu = agent.cpu_seconds()
         times = [s * 1000 for s in timed_each(calls)]
+        cpu = agent.cpu_seconds() - cpu
     finally:
         stop.set()
         flooder.join()
-    return percentile(times, 99), sent[0]
+    return percentile(times, 99), 1000 * cpu / len(calls), sent[0]
 
 
 def _malformed(n: int) -> bytes:

@@ -331,3 +331,38 @@ def test_without_cap_net_raw_it_says_so_once_and_hears_nothing() -> None:
     events, reason = done.stdout.splitlines()
     assert events == "['lldp_unavailable'] False None"
     assert "CAP_NET_RAW" in reason
+
+
+class Pace:
+    """The read budget's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_flood_is_read_at_the_budget_and_the_rest_left_to_the_kernel(
+    link: Link, clock: Clock
+) -> None:
+    pace = Pace()
+    listener = LldpListener(clock=clock, pace=pace, frames_per_s=10)
+    try:
+        listener.watch([link.host])
+        await _changed_or_not(listener)  # read on this loop from now on
+        with structlog.testing.capture_logs() as logs:
+            for i in range(50):
+                link.switch.send(_malformed(i))
+            throttled = lambda: [e for e in logs if e["event"] == "lldp_frames_throttled"]  # noqa: E731
+            await async_wait_until(throttled, DEADLINE_S, "throttled")
+            assert listener.malformed(link.host) == 10  # a second's budget, no more
+            pace.now += 1.0  # a second later: ten more, from what the kernel still holds
+            await async_wait_until(lambda: listener.malformed(link.host) == 20, DEADLINE_S)
+        assert len(throttled()) == 1  # said once a minute, not once a frame
+    finally:
+        listener.close()
+
+
+async def _changed_or_not(listener: LldpListener) -> None:
+    await listener.next_change(0.0)
