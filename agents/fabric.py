@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1, fnv1a64
-from agents.errors import AgentError, ConfigError
+from agents.errors import AgentError
 
 FORMATS = ("table", "kueue", "volcano")
 HOSTNAME = "kubernetes.io/hostname"
@@ -133,15 +133,10 @@ RENDER = {"table": table, "kueue": kueue, "volcano": volcano}
 
 async def show_fabric(kubeconfig: Path | None, output: str, env: Mapping[str, str]) -> int:
     """List the Nodes and print their fabric in `output` format."""
-    from agents.cluster import api_access
+    from agents.cluster import required_access
     from agents.cluster.client import ApiClient, ApiError, UnreachableError
 
-    try:
-        access = await api_access(kubeconfig, env)
-    except (AgentError, OSError, ValueError) as exc:
-        raise ConfigError("fabric", "--kubeconfig", f"API server access: {exc}") from exc
-    if access is None:
-        raise ConfigError("fabric", "--kubeconfig", "API server access (or run in a pod)")
+    access = await required_access("fabric", kubeconfig, env)
     async with ApiClient(access) as client:
         try:
             listing = await client.list("/api/v1/nodes")

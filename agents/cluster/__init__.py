@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.cluster.access import Access, from_kubeconfig, in_cluster
-from agents.errors import AgentError
+from agents.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
@@ -77,6 +77,18 @@ async def node_labeller(
     from agents.cluster.node_labels import NodeLabeller
 
     return NodeLabeller(node, ApiClient(access))
+
+
+async def required_access(flag: str, kubeconfig: Path | None, env: Mapping[str, str]) -> Access:
+    """The API server for `flag`, which cannot do without it. ConfigError naming `flag`
+    when there is none or it is unusable."""
+    try:
+        access = await api_access(kubeconfig, env)
+    except (AgentError, OSError, ValueError) as exc:
+        raise ConfigError(flag, "--kubeconfig", f"API server access: {exc}") from exc
+    if access is None:
+        raise ConfigError(flag, "--kubeconfig", "API server access (or run in a pod)")
+    return access
 
 
 def this_node(node_name: str | None, env: Mapping[str, str]) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import structlog
 
-from agents.cluster import NODE_NAME_ENV, api_access, this_node
+from agents.cluster import NODE_NAME_ENV, required_access, this_node
 from agents.cluster.client import ApiClient
 from agents.dra.capacity import clear_stale_zeros
 from agents.dra.claims import (
@@ -24,7 +24,7 @@ from agents.dra.claims import (
 from agents.dra.driver import ClaimRef, ClaimStore
 from agents.dra.publisher import SlicePublisher
 from agents.dra.runtime import DraRuntime, DraSettings
-from agents.errors import AgentError, ConfigError
+from agents.errors import ConfigError
 from agents.family import Family
 
 log = structlog.get_logger(__name__)
@@ -70,12 +70,7 @@ async def dra_maker(
     node = this_node(node_name, env)
     if not node:
         raise ConfigError("--api dra", "--node-name", f"this node's name (or env {NODE_NAME_ENV})")
-    try:
-        access = await api_access(kubeconfig, env)
-    except (AgentError, OSError, ValueError) as exc:
-        raise ConfigError("--api dra", "--kubeconfig", f"API server access: {exc}") from exc
-    if access is None:
-        raise ConfigError("--api dra", "--kubeconfig", "API server access (or run in a pod)")
+    access = await required_access("--api dra", kubeconfig, env)
     settings = settings_of(node)
     client = ApiClient(access)  # one pool for slices, claims and the Node; closed by claims
     publisher = SlicePublisher(node, client, device_taints=settings.device_taints)
