@@ -80,10 +80,9 @@ def _measure(
         for n in range(1000):
             senders[0].send(_malformed(n))
             if n % 20 == 19:
-                time.sleep(0.001)  # let the socket's buffer drain: every frame is read
-        for sender in senders:
-            sender.send(frame(system_name="leaf-after"))
-        _wait_label(features, "leaf-after")  # still serving, and still hearing
+                time.sleep(0.1)  # within the agent's read budget (200 a second): all are read
+        after = frame(system_name="leaf-after")
+        _wait_label(features, "leaf-after", lambda: [s.send(after) for s in senders])
         growth_mb = (agent.rss_kib() - before) / 1024
         flood = _allocate_under_flood(agent, senders[0])
     finally:
@@ -150,7 +149,10 @@ def _allocate_under_flood(agent: AgentProcess, sender: PeerSender) -> Flooded:
         rest = [s * 1000 for s in timed_each(calls)]
         other_ms, other_cpu, _ = _flooded(agent, calls, sender, lambda n: other)
         lldp_ms, lldp_cpu, sent = _flooded(
-            agent, calls, sender, lambda n: _malformed(n) if n % 2 else frame(system_name="leaf-f")
+            agent,
+            calls,
+            sender,
+            lambda n: _malformed(n) if n % 2 else frame(system_name="leaf-f"),
         )
     return Flooded(percentile(rest, 99), other_ms, lldp_ms, other_cpu, lldp_cpu, sent)
 
@@ -196,10 +198,16 @@ def _malformed(n: int) -> bytes:
     return ethernet(kinds[n % len(kinds)])
 
 
-def _wait_label(features: Path, leaf: str) -> None:
+def _wait_label(features: Path, leaf: str, resend: Callable[[], object] | None = None) -> None:
+    """Until the feature file has the leaf group `leaf`; `resend` every 0.5 s meanwhile
+    (a frame the kernel dropped is sent again, as a switch would 30 s later)."""
     want = f"{LABEL}={leaf}\n"
     deadline = time.monotonic() + WITHIN_S
+    next_send = time.monotonic()
     while time.monotonic() < deadline:
+        if resend is not None and time.monotonic() >= next_send:
+            resend()
+            next_send = time.monotonic() + 0.5
         try:
             if want in features.read_text():
                 return
