@@ -38,6 +38,7 @@ from agents.configschema import (
     text,
     vendor,
 )
+from agents.core.degraded import Limits
 from agents.core.fabric import LABEL_KEY_SETS
 from agents.errors import ConfigError
 
@@ -141,10 +142,30 @@ class Pairing:
     enabled: bool = True
 
 
+DegradedReport = Literal["healthy", "unhealthy"]
+DEGRADED_REPORTS: tuple[DegradedReport, ...] = ("healthy", "unhealthy")
+
+
+@dataclass(frozen=True)
+class Degraded:
+    """`health.degraded` (docs/degraded.md): what the kubelet is told of a Degraded
+    device, and the signals' thresholds."""
+
+    report: DegradedReport = "healthy"
+    hold_s: int = 60
+    nic_speed_mbps: int = 0  # 0: the highest speed among the node's NICs of the same model
+    rdma_errors_per_minute: int = 10
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(float(self.hold_s), self.nic_speed_mbps, self.rdma_errors_per_minute)
+
+
 @dataclass(frozen=True)
 class Health:
     disabled_xids: frozenset[int] = frozenset()
     xid_recovery_s: int | None = None  # None: a critical XID holds until reset or restart
+    degraded: Degraded = field(default_factory=Degraded)
 
 
 @dataclass(frozen=True)
@@ -203,10 +224,11 @@ def _config(raw: object) -> Config:
     _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
     pairing = Pairing(top.section("pairing", ("enabled",)).value("enabled", boolean, True))
-    health = top.section("health", ("disabledXids", "xidRecovery"))
+    health = top.section("health", ("disabledXids", "xidRecovery", "degraded"))
     xids = health.value("disabledXids", list_of(integer(1)), tuple[int, ...]())
     recovery = health.value("xidRecovery", integer(0), 0)  # seconds; 0: never
-    health_ = Health(frozenset(xids), recovery or None)
+    degraded = _degraded(health.section("degraded", _DEGRADED_KEYS))
+    health_ = Health(frozenset(xids), recovery or None, degraded)
     fabric = _fabric(top.section("fabric", ("spines", "labelKeys")))
     return Config(
         version, flags, sharing, roce, pairing, health_, fabric, ignored_keys=tuple(top.ignored)
@@ -405,6 +427,29 @@ def _roce(sec: Section) -> Roce:
         rdma_devices=sel.value("rdmaDevices", list_of(text), ()),
     )
     return Roce(sec.value("resourceName", extended_name, "rdma/roce"), selectors)
+
+
+_DEGRADED_KEYS = ("report", "holdS", "nicSpeedMbps", "rdmaErrorsPerMinute")
+MAX_HOLD_S = 86400  # a day: a longer hold would keep a recovered device out of use for days
+
+
+def _degraded(sec: Section) -> Degraded:
+    default = Degraded()
+    return Degraded(
+        report=sec.value("report", one_of(DEGRADED_REPORTS), default.report),
+        hold_s=sec.value("holdS", _hold_s, default.hold_s),
+        nic_speed_mbps=sec.value("nicSpeedMbps", integer(0), default.nic_speed_mbps),
+        rdma_errors_per_minute=sec.value(
+            "rdmaErrorsPerMinute", integer(0), default.rdma_errors_per_minute
+        ),
+    )
+
+
+def _hold_s(value: object) -> int:
+    seconds = integer(0)(value)
+    if seconds > MAX_HOLD_S:
+        raise bad(f"at most {MAX_HOLD_S} (seconds)", value)
+    return seconds
 
 
 def _fabric(sec: Section) -> Fabric:
