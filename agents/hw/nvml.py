@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from agents.core.gpu_signals import GpuReading
+
 # NVML's nvmlNvLinkDeviceType_t: what the far end of an NVLink is.
 NVLINK_REMOTE_GPU = 0
 NVLINK_REMOTE_NVSWITCH = 2
@@ -162,4 +164,14 @@ class Nvml(Protocol):
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """Wait up to timeout_s for XID events, off the event loop; may return early and
         empty when the device set may have changed (the caller then probes again)."""
+        ...
+
+
+class GpuProbe(Protocol):
+    """The degraded-device signals of a GPU (docs/degraded.md), as NVML answers them.
+    Both backends implement it beside Nvml."""
+
+    def probe(self, uuid: str) -> GpuReading:
+        """Blocking (call it off the loop): one reading of the GPU's signals, a field None
+        where NVML does not offer it; BackendError when the GPU is lost or unknown."""
         ...

@@ -8,10 +8,12 @@ from typing import Any
 import pynvml
 import structlog
 
+from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError
 from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent, cuda_version_text
 from agents.hw.nvml_events import NvmlEvents
 from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, text, translated
+from agents.hw.nvml_signals import SignalReader
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +35,7 @@ class NvmlBackend:
     def __init__(self, lib: Any = pynvml) -> None:
         self._lib = lib
         self._reader = GpuReader(lib)
+        self._signals = SignalReader(lib)
         self._inits = 0
         self._known: set[str] = set()  # UUIDs listed once: NOT_FOUND later means lost
         self._lost: set[str] = set()  # seen lost: answering again means it was reset
@@ -87,6 +90,14 @@ class NvmlBackend:
             self._lost.discard(uuid)
             self._events.stale = True  # a reset GPU needs its events registered again
         return GpuStatus(lost=False, xids=self._ecc_xids(uuid, handle))
+
+    def probe(self, uuid: str) -> GpuReading:
+        """The GPU's degraded-device signals (agents.hw.nvml.GpuProbe)."""
+        if self._inits == 0:
+            raise BackendError("NVML probe: not initialised")
+        with translated(f"probe of {uuid}"):
+            handle = self._handle(uuid)
+        return self._signals.reading(handle)
 
     def _handle(self, uuid: str) -> Any:
         """The handle listed for this GPU: a lookup by UUID searches the GPUs in turn and

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.core.nic_signals import HW_COUNTERS, PORT_COUNTERS, NicReading
 from agents.core.topology import PciLocation
 from agents.errors import BackendError
 
@@ -72,6 +73,26 @@ class Sysfs:
         """`ACTIVE`, `DOWN`, ... of one port of an RDMA device."""
         # Polled every second for every NIC: a plain string path, no Path objects.
         return _port_state(self._read(f"{self.root}/class/infiniband/{rdma}/ports/{port}/state"))
+
+    def nic_reading(self, ifname: str, rdma: str | None, port: int = 1) -> NicReading:
+        """Blocking: the degraded-device signals of one NIC (docs/degraded.md); a file
+        that is absent or odd leaves its field None (a counter: left out)."""
+        net = f"{self.root}/class/net/{ifname}"
+        state = self._read(f"{net}/operstate")
+        counters: list[tuple[str, int]] = []
+        if rdma is not None:
+            base = f"{self.root}/class/infiniband/{rdma}/ports/{port}"
+            for folder, names in (("counters", PORT_COUNTERS), ("hw_counters", HW_COUNTERS)):
+                for name in names:
+                    value = _count(self._read(f"{base}/{folder}/{name}"))
+                    if value is not None:
+                        counters.append((name, value))
+        return NicReading(
+            speed_mbps=_count(self._read(f"{net}/speed")),
+            carrier_changes=_count(self._read(f"{net}/carrier_changes")),
+            up=_OPERSTATES.get(state or ""),
+            counters=tuple(counters),
+        )
 
     def rdma_devices(self) -> list[RdmaDevice]:
         """Every RDMA device with a PCI function behind it, sorted by name."""
@@ -143,6 +164,20 @@ class Sysfs:
     def _check_root(self) -> None:
         if not self.root.is_dir():
             raise BackendError(f"no sysfs at {self.root}")
+
+
+# The kernel's operstate: up, down, or a state that says nothing of the link (unknown).
+_OPERSTATES = {"up": True, "down": False, "lowerlayerdown": False, "notpresent": False}
+
+
+def _count(text: str | None) -> int | None:
+    """A counter or speed as sysfs gives it; None when absent, not a number, or negative
+    (the kernel's -1: speed unknown while the link is down)."""
+    try:
+        value = int(text) if text else -1
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 
 
 def _numa(text: str | None) -> int | None:

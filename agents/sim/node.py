@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ from agents.core.pci import is_pci_address
 from agents.errors import ConfigError
 from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
+from agents.sim import signal_fields
 from agents.sim.checks import check_node
 from agents.sim.fields import Fields, MappingValue
+from agents.sim.signal_fields import PcieSpec
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
@@ -44,6 +46,14 @@ class GpuSpec:
     lost: bool = False
     nvml_hang_s: float = 0.0  # every NVML call about this GPU blocks this long
     nvml_error: str | None = None  # every NVML call about this GPU fails so (e.g. "Unknown")
+    # Degraded-device signals (docs/degraded.md), all editable while the agent runs.
+    pcie: PcieSpec = field(default_factory=PcieSpec)
+    utilization: int = 0  # percent
+    nvlinks_down: int = 0  # how many of its active NVLinks are down
+    clock_events: tuple[str, ...] = ()  # of CLOCK_EVENT_NAMES
+    remap_pending: bool = False
+    remap_failed: bool = False
+    retired_pages_pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class NicSpec:
     link: str = "up"  # up | down
     uverbs: int | None = None  # /dev/infiniband/uverbs<N>; None without rdma
     lldp: Neighbour | None = None  # the switch port its LLDP frames name; None: none heard
+    speed_mbps: int | None = None  # /sys/class/net/<if>/speed; None: no such file
+    counters: tuple[tuple[str, int], ...] = ()  # RDMA error counters present, by name
+    carrier_changes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,8 @@ def parse_node(text: str, source: str) -> NodeSpec:
 _GPU_KEYS = {
     *("uuid", "pci", "upstream", "numa", "model", "memoryMiB", "minor"),
     *("nvlinks", "mig", "xids", "lost", "nvml"),
+    *("pcie", "utilization", "nvlinksDown", "clockEvents", "remappedRows"),
+    "retiredPagesPending",
 }
 
 
@@ -132,6 +147,7 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
     uuid = f.string(m, path, "uuid", None, pattern=r"GPU-\S+", expected="a UUID GPU-…")
     mig_enabled, instances = _mig(f, m, path)
     hang_s, error = _nvml_fault(f, m, path)
+    remap = signal_fields.remapped_rows(f, m, path)
     return GpuSpec(
         uuid=uuid,
         pci=_pci(f, m, path),
@@ -147,6 +163,13 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
         lost=f.boolean(m, path, "lost", False),
         nvml_hang_s=hang_s,
         nvml_error=error,
+        pcie=signal_fields.pcie(f, m, path),
+        utilization=signal_fields.percent(f, m, path, "utilization"),
+        nvlinks_down=f.integer(m, path, "nvlinksDown", 0, minimum=0),
+        clock_events=signal_fields.clock_events(f, m, path),
+        remap_pending=remap[0],
+        remap_failed=remap[1],
+        retired_pages_pending=f.boolean(m, path, "retiredPagesPending", False),
     )
 
 
@@ -190,7 +213,7 @@ def _mig(f: Fields, m: MappingValue, path: str) -> tuple[bool, tuple[MigInstance
 
 _NIC_KEYS = {
     *("pci", "upstream", "numa", "netdev", "rdma", "vendor", "linkLayer", "link", "uverbs"),
-    "lldp",
+    *("lldp", "speedMbps", "counters", "carrierChanges"),
 }
 _LLDP_KEYS = {"systemName", "chassisId", "portId", "ttl", "portDescription"}
 LLDP_TTL_S = 120  # what switches commonly send: 4 x a 30 s interval
@@ -224,6 +247,9 @@ def _nic(f: Fields, doc: object, path: str) -> NicSpec:
         link=f.choice(m, path, "link", ("up", "down"), "up"),
         uverbs=_uverbs(f, m, path, rdma),
         lldp=_lldp(f, m, path),
+        speed_mbps=f.optional_int(m, path, "speedMbps", None),
+        counters=signal_fields.counters(f, m, path),
+        carrier_changes=f.integer(m, path, "carrierChanges", 0, minimum=0),
     )
 
 

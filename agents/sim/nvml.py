@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from agents.core.gpu_signals import GpuReading
 from agents.core.mig import gi_profile
 from agents.core.pci import nvml_bus_id
 from agents.errors import BackendError
@@ -51,6 +52,11 @@ BRAND = "Nvidia"
 # gives them on A100 and H100; +me profiles add a decoder, a JPEG and an OFA engine.
 _MIG_ENGINES = {1: (1, 0, 0, 0), 2: (2, 1, 0, 0), 3: (3, 2, 0, 0), 4: (4, 2, 0, 0), 7: (7, 5, 1, 1)}
 NVSWITCH_LINKS = 18  # an H100 SXM's NVLinks, all to the NVSwitches of an HGX board
+# The PCIe generation a model's link trains at, by a word of its name (x16 for all).
+PCIE_GENS = {"A100": 4, "L40S": 4, "T4": 3, "B300": 6, "GB300": 6}
+PCIE_GEN = 5  # H100, H200, B200 and a node file's own model name
+PCIE_WIDTH = 16
+_NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere
 _ANSWERED = "NotSupported"  # an error name that still means the GPU answered
 
 
@@ -90,11 +96,10 @@ class SimNvml:
         node = self._node
         for gpu in node.gpus:
             _hang(gpu)
-        by_uuid = {g.uuid: g for g in node.gpus}
         # NVML gives no handle for a GPU that is off the bus (GPU_IS_LOST from
         # nvmlDeviceGetHandleByIndex): such a GPU cannot be listed, as on a real node.
         return [
-            _info(i, g, by_uuid, node.nvswitch)
+            _info(i, g, node)
             for i, g in enumerate(node.gpus)
             if not (g.lost or g.nvml_error == "GpuIsLost")
         ]
@@ -114,6 +119,23 @@ class SimNvml:
         if gpu.nvml_error not in (None, _ANSWERED):
             return GpuStatus(lost=False, error=gpu.nvml_error)
         return GpuStatus(lost=False)
+
+    def probe(self, uuid: str) -> GpuReading:
+        """The degraded-device signals of the node file (agents.hw.nvml.GpuProbe)."""
+        self._require_init()
+        gpu = self._node.gpu(uuid)
+        if gpu is not None and gpu.nvml_hang_s:
+            _hang(gpu)
+            gpu = self._node.gpu(uuid)
+        if gpu is None:
+            raise BackendError(f"NVML: no GPU with UUID {uuid}")
+        if gpu.lost or gpu.nvml_error == "GpuIsLost":
+            raise BackendError(f"NVML probe of {uuid}: GPU is lost")
+        if gpu.nvml_error == _ANSWERED:
+            return GpuReading()  # every query answers NOT_SUPPORTED
+        if gpu.nvml_error is not None:
+            raise BackendError(f"NVML probe of {uuid}: {gpu.nvml_error}")
+        return reading(gpu, len(_links(gpu, self._node)))
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """XIDs appended since the last call; returns early whenever the node changed."""
@@ -162,15 +184,44 @@ def _new_events(old: GpuSpec | None, new: GpuSpec) -> list[XidEvent]:
     return [XidEvent(new.uuid, xid) for xid in added]
 
 
-def _info(index: int, gpu: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> GpuInfo:
-    if nvswitch:  # as NVML answers on HGX: every link's far end is a switch port
-        links = [NvLink(NVLINK_REMOTE_NVSWITCH, NVSWITCH_BUS_ID)] * NVSWITCH_LINKS
-    else:
-        links = [
-            NvLink(NVLINK_REMOTE_GPU, nvml_bus_id(by_uuid[p].pci))
-            for p in gpu.nvlinks
-            if p in by_uuid
-        ]
+def reading(gpu: GpuSpec, links: int) -> GpuReading:
+    """What NVML answers for the GPU's signals, `links` NVLinks on its board. A MIG-enabled
+    GPU has no utilization and no row-remapping answer, as NVML documents."""
+    pcie = gpu.pcie
+    gen = next((g for word, g in PCIE_GENS.items() if word in gpu.model), PCIE_GEN)
+    architecture = model(gpu.model)[1]
+    remap = not gpu.mig_enabled and architecture not in _NO_ROW_REMAPPING
+    down = min(gpu.nvlinks_down, links)
+    events = {"hwSlowdown": 0x8, "hwThermalSlowdown": 0x40, "hwPowerBrake": 0x80}
+    return GpuReading(
+        pcie_width=pcie.width if pcie.width is not None else PCIE_WIDTH,
+        pcie_max_width=pcie.max_width if pcie.max_width is not None else PCIE_WIDTH,
+        pcie_gen=pcie.gen if pcie.gen is not None else gen,
+        pcie_max_gen=pcie.max_gen if pcie.max_gen is not None else gen,
+        utilization=None if gpu.mig_enabled else gpu.utilization,
+        pcie_replays=pcie.replays,
+        nvlinks=(True,) * (links - down) + (False,) * down if links else None,
+        clock_events=sum(events[name] for name in gpu.clock_events),
+        remap_pending=gpu.remap_pending if remap else None,
+        remap_failed=gpu.remap_failed if remap else None,
+        retired_pages_pending=gpu.retired_pages_pending,
+        recovery_action=None,  # driver 550 does not offer the field
+    )
+
+
+def _links(gpu: GpuSpec, node: NodeSpec) -> list[NvLink]:
+    """The GPU's NVLinks, active or down."""
+    if node.nvswitch:  # as NVML answers on HGX: every link's far end is a switch port
+        return [NvLink(NVLINK_REMOTE_NVSWITCH, NVSWITCH_BUS_ID)] * NVSWITCH_LINKS
+    by_uuid = {p: peer for p in gpu.nvlinks if (peer := node.gpu(p)) is not None}
+    return [
+        NvLink(NVLINK_REMOTE_GPU, nvml_bus_id(by_uuid[p].pci)) for p in gpu.nvlinks if p in by_uuid
+    ]
+
+
+def _info(index: int, gpu: GpuSpec, node: NodeSpec) -> GpuInfo:
+    links = _links(gpu, node)
+    links = links[: len(links) - min(gpu.nvlinks_down, len(links))]  # down links: not listed
     peers, switch_links = nvlink_ends(links)
     _, architecture, capability, _ = model(gpu.model)
     return GpuInfo(

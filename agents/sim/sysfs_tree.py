@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.core.nic_signals import HW_COUNTERS
 from agents.core.pci import host_bridge
 from agents.hw.nvidia_caps import CAPABILITIES
 from agents.sim.devnodes import DeviceNodes, mig_access_files
@@ -62,7 +63,10 @@ class SysfsTree:
 
     def _what_shows(self, node: NodeSpec) -> tuple[object, ...]:
         """The part of a node that its files and device nodes show."""
-        nics = tuple((n.pci, n.netdev, n.rdma, n.uverbs, n.link, n.link_layer) for n in node.nics)
+        nics = tuple(
+            (n.pci, n.netdev, n.rdma, n.uverbs, n.link, n.link_layer, *_signals(n))
+            for n in node.nics
+        )
         return (_functions(node), nics, frozenset(self.dev.wanted(node)))
 
     def _build(self, node: NodeSpec) -> None:
@@ -132,6 +136,11 @@ class SysfsTree:
         net = f"{pci_dir}/net/{nic.netdev}"
         files.mkdir(net)
         files.write(f"{net}/operstate", nic.link)
+        files.write(f"{net}/carrier_changes", str(nic.carrier_changes))
+        if nic.speed_mbps is not None:  # the kernel's -1 while the link is down
+            files.write(f"{net}/speed", str(nic.speed_mbps if nic.link == "up" else -1))
+        elif not files.fresh:
+            Path(net, "speed").unlink(missing_ok=True)
         files.link(f"{net}/device", pci_dir)
         files.link(f"{self.sys}/class/net/{nic.netdev}", net)
         if nic.rdma is None or nic.uverbs is None:
@@ -146,6 +155,7 @@ class SysfsTree:
         files.write(f"{ib}/ports/1/state", "4: ACTIVE" if up else "1: DOWN")
         files.write(f"{ib}/ports/1/phys_state", "5: LinkUp" if up else "3: Disabled")
         files.write(f"{ib}/ports/1/link_layer", nic.link_layer)
+        self._write_counters(files, f"{ib}/ports/1", nic)
         files.link(f"{ib}/device", pci_dir)
         files.link(f"{self.sys}/class/infiniband/{nic.rdma}", ib)
         verbs = f"{pci_dir}/infiniband_verbs/{uverbs}"
@@ -154,6 +164,22 @@ class SysfsTree:
         files.write(f"{verbs}/dev", f"231:{192 + nic.uverbs}")
         files.link(f"{verbs}/device", pci_dir)
         files.link(f"{self.sys}/class/infiniband_verbs/{uverbs}", verbs)
+
+    def _write_counters(self, files: _Files, port: str, nic: NicSpec) -> None:
+        """The node file's RDMA counters, each in the folder the kernel keeps it in;
+        counters the file no longer names are removed."""
+        wanted = {
+            f"{port}/{'hw_counters' if name in HW_COUNTERS else 'counters'}/{name}": value
+            for name, value in nic.counters
+        }
+        if not files.fresh:
+            for folder in ("counters", "hw_counters"):
+                for entry in _listdir(Path(port, folder)):
+                    if f"{port}/{folder}/{entry}" not in wanted:
+                        Path(port, folder, entry).unlink(missing_ok=True)
+        for path, value in wanted.items():
+            files.mkdir(path.rpartition("/")[0])
+            files.write(path, str(value))
 
     def _prune_class_links(self, node: NodeSpec) -> None:
         rdma = [n for n in node.nics if n.rdma is not None and n.uverbs is not None]
@@ -265,6 +291,11 @@ def _identity(rel: str, dev: GpuSpec | NicSpec) -> _Function:
     if isinstance(dev, GpuSpec):
         return _Function(rel, GPU_VENDOR, GPU_DEVICE, GPU_CLASS, dev.numa)
     return _Function(rel, f"0x{dev.vendor}", NIC_DEVICE, NIC_CLASS[dev.link_layer], dev.numa)
+
+
+def _signals(nic: NicSpec) -> tuple[object, ...]:
+    """What the NIC's files show of its degraded-device signals."""
+    return (nic.speed_mbps, nic.counters, nic.carrier_changes)
 
 
 def _listdir(directory: Path) -> list[str]:

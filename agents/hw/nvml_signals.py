@@ -1,0 +1,100 @@
+"""One GPU's degraded-device signals read through pynvml (docs/degraded.md): each query
+NVML does not offer, or answers oddly, leaves its field None; a lost GPU is an error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from agents.core.gpu_signals import GpuReading
+from agents.errors import BackendError
+from agents.hw.nvml_query import ODD_ANSWERS, code
+
+T = TypeVar("T")
+RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from R570)
+_LOST = (pynvml.NVML_ERROR_GPU_IS_LOST,)
+_NO_SUCH_LINK = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+
+
+class SignalReader:
+    """Reads GpuReading through `lib` (pynvml, or a stand-in with its interface)."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+
+    def reading(self, handle: object) -> GpuReading:
+        """Blocking: every signal's query of the GPU behind `handle`. BackendError when
+        NVML says the GPU is lost (the probe means nothing then)."""
+        lib = self._lib
+        remapped = self._ask(lambda: tuple(lib.nvmlDeviceGetRemappedRows(handle)))
+        return GpuReading(
+            pcie_width=self._ask(lambda: int(lib.nvmlDeviceGetCurrPcieLinkWidth(handle))),
+            pcie_max_width=self._ask(lambda: int(lib.nvmlDeviceGetMaxPcieLinkWidth(handle))),
+            pcie_gen=self._ask(lambda: int(lib.nvmlDeviceGetCurrPcieLinkGeneration(handle))),
+            pcie_max_gen=self._first(
+                lambda: int(lib.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+                lambda: int(lib.nvmlDeviceGetGpuMaxPcieLinkGeneration(handle)),
+            ),
+            utilization=self._ask(lambda: int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            pcie_replays=self._ask(lambda: int(lib.nvmlDeviceGetPcieReplayCounter(handle))),
+            nvlinks=self._nvlinks(handle),
+            clock_events=self._first(
+                lambda: int(lib.nvmlDeviceGetCurrentClocksEventReasons(handle)),
+                lambda: int(lib.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
+            ),
+            remap_pending=None if remapped is None else bool(remapped[2]),
+            remap_failed=None if remapped is None else bool(remapped[3]),
+            retired_pages_pending=self._ask(
+                lambda: (
+                    lib.nvmlDeviceGetRetiredPagesPendingStatus(handle)
+                    == pynvml.NVML_FEATURE_ENABLED
+                )
+            ),
+            recovery_action=self._ask(lambda: self._recovery_action(handle)),
+        )
+
+    def _ask(self, call: Callable[[], T]) -> T | None:
+        try:
+            return call()
+        except ODD_ANSWERS as exc:
+            if code(exc) in _LOST:
+                raise BackendError(f"NVML probe: {exc}") from exc
+            return None
+
+    def _first(self, *calls: Callable[[], T]) -> T | None:
+        """The first call that answers: a newer NVML function, then its older name."""
+        for call in calls:
+            value = self._ask(call)
+            if value is not None:
+                return value
+        return None
+
+    def _nvlinks(self, handle: object) -> tuple[bool, ...] | None:
+        """Each link's state by index; None without NVLink, or when a link answers oddly
+        (a link that cannot be read must not look down)."""
+        lib = self._lib
+        states: list[bool] = []
+        answered = False  # NVML gave a state for some link: the GPU has NVLink
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = lib.nvmlDeviceGetNvLinkState(handle, link)
+            except ODD_ANSWERS as exc:
+                if code(exc) in _LOST:
+                    raise BackendError(f"NVML probe: {exc}") from exc
+                if code(exc) not in _NO_SUCH_LINK:
+                    return None
+                states.append(False)  # no such link
+                continue
+            answered = True
+            states.append(state == pynvml.NVML_FEATURE_ENABLED)
+        return tuple(states) if answered else None
+
+    def _recovery_action(self, handle: object) -> int | None:
+        value = self._lib.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])[0]
+        if int(value.nvmlReturn) != pynvml.NVML_SUCCESS:
+            return None
+        member = _VALUE_MEMBERS.get(int(value.valueType))
+        return None if member is None else int(getattr(value.value, member))
