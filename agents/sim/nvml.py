@@ -53,8 +53,8 @@ BRAND = "Nvidia"
 _MIG_ENGINES = {1: (1, 0, 0, 0), 2: (2, 1, 0, 0), 3: (3, 2, 0, 0), 4: (4, 2, 0, 0), 7: (7, 5, 1, 1)}
 NVSWITCH_LINKS = 18  # an H100 SXM's NVLinks, all to the NVSwitches of an HGX board
 # The PCIe generation a model's link trains at, by a word of its name (x16 for all).
-PCIE_GENS = {"A100": 4, "L40S": 4, "T4": 3, "B300": 6, "GB300": 6}
-PCIE_GEN = 5  # H100, H200, B200 and a node file's own model name
+PCIE_GENS = {"A100": 4, "L40S": 4, "T4": 3}
+PCIE_GEN = 5  # H100, H200, B200, GB200, GB300 and a node file's own model name
 PCIE_WIDTH = 16
 _NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere
 _ANSWERED = "NotSupported"  # an error name that still means the GPU answered

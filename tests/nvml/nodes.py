@@ -11,7 +11,7 @@ import yaml
 
 from agents.hw.nvml import ARCHITECTURES
 from agents.sim.node import GpuSpec, NodeSpec
-from agents.sim.nvml import model, placed
+from agents.sim.nvml import model, placed, reading
 from tests.nvml.state import (
     ERRORS,
     NVLINK_GPU,
@@ -19,6 +19,7 @@ from tests.nvml.state import (
     NVSWITCH_BUS_ID,
     Gpu,
     NvmlNode,
+    Signals,
     nvml_bus_id,
 )
 
@@ -26,6 +27,8 @@ REPO = Path(__file__).resolve().parents[2]  # the repository's root
 PROFILE_DIR = Path(__file__).with_name("profiles")
 PROFILES = ("a100", "b200", "gb200", "gb300", "h100", "l40s", "t4")
 _MODEL_KEYS = {"name", "pci", "architecture", "computeCapability", "memoryMiB", "ecc", "mig"}
+_OPTIONAL_MODEL_KEYS = {"pcie"}  # {gen, width}: the link it trains at; default Gen5 x16
+_NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere
 _TOP_KEYS = {"driver", "nvml", "cuda", "model", "nvswitchLinks", "rootComplexes", "gpus"}
 _GPU_KEYS = {"bus", "root", "uuid", "serial"}
 _MIG = ("none", "capable", "enabled")
@@ -50,7 +53,7 @@ def load_profile(path: Path) -> NvmlNode:
     a switch where the description has them; none otherwise). ProfileError, naming the
     file and the key, for a description that does not hold."""
     doc = _mapping(yaml.safe_load(path.read_text()), _TOP_KEYS, path, "")
-    spec = _mapping(doc["model"], _MODEL_KEYS, path, "model.")
+    spec = _mapping(doc["model"], _MODEL_KEYS, path, "model.", _OPTIONAL_MODEL_KEYS)
     roots = {str(r): int(numa) for r, numa in dict(doc["rootComplexes"]).items()}
     links = [(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * int(doc["nvswitchLinks"])
     gpus = []
@@ -92,14 +95,34 @@ def _gpu(
         mig=spec["mig"] == "enabled",
         ecc=bool(spec["ecc"]),
         links=list(links),
+        signals=_profile_signals(spec, at),
     )
 
 
-def _mapping(value: object, keys: set[str], path: Path, where: str) -> dict[str, Any]:
-    """`value` as a mapping with exactly `keys`, else a ProfileError naming the key."""
+def _profile_signals(spec: dict[str, Any], at: str) -> Signals:
+    pcie = _mapping(spec.get("pcie", {"gen": 5, "width": 16}), {"gen", "width"}, Path(at), "pcie.")
+    gen, width = int(pcie["gen"]), int(pcie["width"])
+    return Signals(
+        pcie_width=width,
+        pcie_max_width=width,
+        pcie_gen=gen,
+        pcie_max_gen=gen,
+        remap=spec["architecture"] not in _NO_ROW_REMAPPING,
+    )
+
+
+def _mapping(
+    value: object,
+    keys: set[str],
+    path: Path,
+    where: str,
+    optional: frozenset[str] | set[str] = frozenset(),
+) -> dict[str, Any]:
+    """`value` as a mapping with exactly `keys` (and any of `optional`), else a
+    ProfileError naming the key."""
     if not isinstance(value, dict):
         raise ProfileError(f"{path}: {where.rstrip('.') or 'the file'}: expected a mapping")
-    missing, unknown = sorted(keys - value.keys()), sorted(value.keys() - keys)
+    missing, unknown = sorted(keys - value.keys()), sorted(value.keys() - keys - optional)
     if missing:
         raise ProfileError(f"{path}: {where}{missing[0]}: missing")
     if unknown:
@@ -149,6 +172,26 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
         error=ERRORS.get(spec.nvml_error, 999) if spec.nvml_error else 0,
         hang_ms=int(spec.nvml_hang_s * 1000),
         links=links,
+        signals=_sim_signals(spec, len(links)),
+    )
+
+
+def _sim_signals(spec: GpuSpec, links: int) -> Signals:
+    """The degraded-device answers of a simulated GPU, as the simulated NVML gives them."""
+    r = reading(spec, links)
+    return Signals(
+        pcie_width=r.pcie_width or 0,
+        pcie_max_width=r.pcie_max_width or 0,
+        pcie_gen=r.pcie_gen or 0,
+        pcie_max_gen=r.pcie_max_gen or 0,
+        replays=r.pcie_replays or 0,
+        utilization=spec.utilization,
+        clock_events=r.clock_events or 0,
+        remap=model(spec.model)[1] not in _NO_ROW_REMAPPING,
+        remap_pending=spec.remap_pending,
+        remap_failed=spec.remap_failed,
+        retired_pending=spec.retired_pages_pending,
+        links_down=min(spec.nvlinks_down, links),
     )
 
 

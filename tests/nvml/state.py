@@ -43,6 +43,27 @@ class Mig:
 
 
 @dataclass
+class Signals:
+    """What a degraded device is judged by (lib/signals.c); a PCIe figure of 0 answers
+    NOT_SUPPORTED, as does row remapping where `remap` is off and the recovery action
+    field where `recovery` is None."""
+
+    pcie_width: int = 16
+    pcie_max_width: int = 16
+    pcie_gen: int = 5
+    pcie_max_gen: int = 5
+    replays: int = 0
+    utilization: int = 0
+    clock_events: int = 0  # NVML's clock event reason bits
+    remap: bool = True
+    remap_pending: bool = False
+    remap_failed: bool = False
+    retired_pending: bool = False
+    recovery: int | None = None
+    links_down: int = 0  # the last this many NVLinks are inactive
+
+
+@dataclass
 class Gpu:
     uuid: str
     name: str
@@ -67,6 +88,7 @@ class Gpu:
     bridge_numa: int = -1  # that bridge's NUMA node
     fails: dict[str, int] = field(default_factory=dict)  # call name ("*": any) -> code
     removed: bool = False  # taken off the node: NVML no longer lists it
+    signals: Signals = field(default_factory=Signals)
 
 
 @dataclass
@@ -192,10 +214,13 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
             hang_ms=gpu.hang_ms,
             bridge=gpu.bridge,
             bridge_numa=gpu.bridge_numa,
+            **_signal_fields(gpu.signals),
         )
     ]
+    first_down = len(gpu.links) - gpu.signals.links_down
     for link, (kind, bus) in enumerate(gpu.links):
-        out.append(_record("link", gpu=index, link=link, type=kind, bus=bus))
+        down = int(link >= first_down)
+        out.append(_record("link", gpu=index, link=link, type=kind, bus=bus, down=down))
     if gpu.mig_capable:
         out.extend(_gi_profile_records(index, gpu))
     for slot, m in enumerate(gpu.migs):
@@ -220,6 +245,24 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
     for call, code in gpu.fails.items():
         out.append(_record("fail", gpu=index, call=call, code=code))
     return out
+
+
+def _signal_fields(s: Signals) -> dict[str, object]:
+    return {
+        "pcie_width": s.pcie_width,
+        "pcie_max_width": s.pcie_max_width,
+        "pcie_gen": s.pcie_gen,
+        "pcie_max_gen": s.pcie_max_gen,
+        "replays": s.replays,
+        "utilization": s.utilization,
+        "clock_events": s.clock_events,
+        "remap": int(s.remap),
+        "remap_pending": int(s.remap_pending),
+        "remap_failed": int(s.remap_failed),
+        "retired_pending": int(s.retired_pending),
+        "recovery_offered": int(s.recovery is not None),
+        "recovery": s.recovery or 0,
+    }
 
 
 def _gi_profile_records(index: int, gpu: Gpu) -> list[str]:

@@ -48,6 +48,7 @@ struct gip {
 
 struct link {
     int active;
+    int down; /* an active link whose state is now inactive */
     unsigned type;
     char bus[TEXT];
 };
@@ -57,6 +58,11 @@ struct gpu {
     unsigned pci_device_id, minor, arch, cc, mig_capable, mig, ecc, lost, error, hang_ms;
     int numa, bridge_numa;
     unsigned long long memory, ecc_uncorrected;
+    /* signals.c: what a degraded device is judged by; a PCIe figure of 0: not offered */
+    unsigned pcie_width, pcie_max_width, pcie_gen, pcie_max_gen, pcie_gpu_max_gen, replays;
+    unsigned utilization, remap, remap_corr, remap_unc, remap_pending, remap_failed;
+    unsigned retired_pending, recovery_offered, recovery;
+    unsigned long long clock_events;
     struct link links[MAX_LINKS];
     struct mig migs[MAX_MIGS];
     struct gip gips[NVML_GPU_INSTANCE_PROFILE_COUNT];

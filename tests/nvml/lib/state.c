@@ -9,7 +9,11 @@
  *           arch= cc= mig_capable= mig= ecc= ecc_uncorrected= lost= error= hang_ms=
  *           bridge= bridge_numa=                  (the PCIe host bridge above the GPU
  *                                                  and that bridge's NUMA node)
- *   link    gpu= link= type= bus=                 (an active NVLink)
+ *           pcie_width= pcie_max_width= pcie_gen= pcie_max_gen= pcie_gpu_max_gen=
+ *           replays= utilization= clock_events= remap= remap_corr= remap_unc=
+ *           remap_pending= remap_failed= retired_pending= recovery_offered= recovery=
+ *                                                 (what signals.c answers)
+ *   link    gpu= link= type= bus= down=           (an active NVLink; down=1: inactive now)
  *   gip     gpu= profile= id= slices= instances= memory_mib= sm=
  *                                                 (a GPU instance profile the GPU offers,
  *                                                  by its NVML_GPU_INSTANCE_PROFILE_* index)
@@ -80,15 +84,31 @@ static void parse_gpu(struct state *s, char **f, int n)
     g->hang_ms = (unsigned)number(f, n, "hang_ms", 0);
     copy(g->bridge, f, n, "bridge");
     g->bridge_numa = (int)(long long)number(f, n, "bridge_numa", (unsigned long long)-1);
+    g->pcie_width = (unsigned)number(f, n, "pcie_width", 16);
+    g->pcie_max_width = (unsigned)number(f, n, "pcie_max_width", 16);
+    g->pcie_gen = (unsigned)number(f, n, "pcie_gen", 5);
+    g->pcie_max_gen = (unsigned)number(f, n, "pcie_max_gen", 5);
+    g->pcie_gpu_max_gen = (unsigned)number(f, n, "pcie_gpu_max_gen", g->pcie_max_gen);
+    g->replays = (unsigned)number(f, n, "replays", 0);
+    g->utilization = (unsigned)number(f, n, "utilization", 0);
+    g->clock_events = number(f, n, "clock_events", 0);
+    g->remap = (unsigned)number(f, n, "remap", 1);
+    g->remap_corr = (unsigned)number(f, n, "remap_corr", 0);
+    g->remap_unc = (unsigned)number(f, n, "remap_unc", 0);
+    g->remap_pending = (unsigned)number(f, n, "remap_pending", 0);
+    g->remap_failed = (unsigned)number(f, n, "remap_failed", 0);
+    g->retired_pending = (unsigned)number(f, n, "retired_pending", 0);
+    g->recovery_offered = (unsigned)number(f, n, "recovery_offered", 0);
+    g->recovery = (unsigned)number(f, n, "recovery", 0);
     if (i + 1 > s->count)
         s->count = i + 1;
 }
 
 static void parse_line(struct state *s, char *line)
 {
-    char *fields[32];
+    char *fields[64];
     int n = 0;
-    for (char *save = NULL, *tok = strtok_r(line, "\t", &save); tok && n < 32;
+    for (char *save = NULL, *tok = strtok_r(line, "\t", &save); tok && n < 64;
          tok = strtok_r(NULL, "\t", &save))
         fields[n++] = tok;
     if (n == 0 || fields[0][0] == '#')
@@ -107,6 +127,7 @@ static void parse_line(struct state *s, char *line)
         if (l < MAX_LINKS) {
             struct link *k = &s->gpus[gpu].links[l];
             k->active = 1;
+            k->down = (int)number(fields, n, "down", 0);
             k->type = (unsigned)number(fields, n, "type", NVML_NVLINK_DEVICE_TYPE_GPU);
             copy(k->bus, fields, n, "bus");
         }

@@ -20,7 +20,8 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
         any |= g->links[i].active;
     if (!any)
         return leave(NVML_ERROR_NOT_SUPPORTED); /* a GPU without NVLink */
-    *isActive = g->links[link].active ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    const struct link *k = &g->links[link];
+    *isActive = k->active && !k->down ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return leave(NVML_SUCCESS);
 }
 
