@@ -28,7 +28,9 @@ PROFILE_DIR = Path(__file__).with_name("profiles")
 PROFILES = ("a100", "b200", "gb200", "gb300", "h100", "l40s", "t4")
 _MODEL_KEYS = {"name", "pci", "architecture", "computeCapability", "memoryMiB", "ecc", "mig"}
 _OPTIONAL_MODEL_KEYS = {"pcie"}  # {gen, width}: the link it trains at; default Gen5 x16
-_NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere
+_NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere, and replaced page
+# retirement: NVML answers NOT_SUPPORTED for pages pending retirement from Ampere on (an
+# H200 on driver 580 does so)
 _TOP_KEYS = {"driver", "nvml", "cuda", "model", "nvswitchLinks", "rootComplexes", "gpus"}
 _GPU_KEYS = {"bus", "root", "uuid", "serial"}
 _MIG = ("none", "capable", "enabled")
@@ -108,6 +110,7 @@ def _profile_signals(spec: dict[str, Any], at: str) -> Signals:
         pcie_gen=gen,
         pcie_max_gen=gen,
         remap=spec["architecture"] not in _NO_ROW_REMAPPING,
+        retired=spec["architecture"] in _NO_ROW_REMAPPING,
     )
 
 

@@ -45,8 +45,8 @@ class Mig:
 @dataclass
 class Signals:
     """What a degraded device is judged by (lib/signals.c); a PCIe figure of 0 answers
-    NOT_SUPPORTED, as does row remapping where `remap` is off and the recovery action
-    field where `recovery` is None."""
+    NOT_SUPPORTED, as do row remapping and page retirement where `remap` or `retired` is
+    off, and the recovery action field where `recovery` is None."""
 
     pcie_width: int = 16
     pcie_max_width: int = 16
@@ -58,6 +58,7 @@ class Signals:
     remap: bool = True
     remap_pending: bool = False
     remap_failed: bool = False
+    retired: bool = True
     retired_pending: bool = False
     recovery: int | None = None
     links_down: int = 0  # the last this many NVLinks are inactive
@@ -259,6 +260,7 @@ def _signal_fields(s: Signals) -> dict[str, object]:
         "remap": int(s.remap),
         "remap_pending": int(s.remap_pending),
         "remap_failed": int(s.remap_failed),
+        "retired": int(s.retired),
         "retired_pending": int(s.retired_pending),
         "recovery_offered": int(s.recovery is not None),
         "recovery": s.recovery or 0,

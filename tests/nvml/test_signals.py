@@ -68,6 +68,7 @@ def as_reading(answer: object) -> GpuReading:
 
 def faulty(gpu: Gpu) -> None:
     s = gpu.signals
+    s.retired = True
     s.pcie_width, s.pcie_gen, s.utilization, s.replays = 8, 3, 90, 40
     s.clock_events = 0x40 | 0x8 | 0x1
     s.remap_pending, s.retired_pending, s.recovery, s.links_down = True, True, 1, 2
@@ -104,12 +105,14 @@ def test_what_a_gpu_does_not_offer_reads_none(tmp_path: Path) -> None:
     remapped rows; a GPU whose driver does not know a PCIe figure answers NOT_SUPPORTED."""
     t4 = as_reading(next(iter(probe_all(from_profile("t4"), tmp_path).values())))
     assert (t4.nvlinks, t4.remap_pending, t4.remap_failed) == (None, None, None)
+    assert t4.retired_pages_pending is False  # a T4 still retires pages
     assert (t4.pcie_gen, t4.pcie_max_gen) == (3, 3)
     mig = with_mig("h100-uniform")
     mig.gpus[0].signals.pcie_width = 0
     first = as_reading(probe_all(mig, tmp_path)[mig.gpus[0].uuid])
     assert (first.utilization, first.remap_pending, first.pcie_width) == (None, None, None)
     assert first.pcie_max_width == 16
+    assert first.retired_pages_pending is None  # replaced by row remapping
 
 
 def test_a_lost_gpu_is_an_error_not_a_reading(tmp_path: Path) -> None:
@@ -143,6 +146,7 @@ def test_every_profile_reads_healthy(profile: str, tmp_path: Path) -> None:
         assert reading.pcie_gen == reading.pcie_max_gen
         assert (reading.clock_events, reading.pcie_replays) == (0, 0)
         assert not reading.remap_pending and not reading.retired_pages_pending
+        assert (reading.retired_pages_pending is None) == (profile != "t4")
 
 
 SIM_EDITS = """

@@ -270,3 +270,29 @@ def test_zero_hold_is_healthy_at_the_first_probe_within_limits() -> None:
     assert signals_.observe(changed(pcie_width=8)).grade == "degraded"
     clock.now += 5
     assert signals_.observe(WELL).grade == "healthy"
+
+
+def test_an_idle_h200_as_its_nvml_answers_is_healthy() -> None:
+    """What NVML (driver 580.159.04) answered on an idle H200 without NVLink: Gen5 x16,
+    clock event reason 0x1 (GPU idle), NOT_SUPPORTED for NVLink states and retired
+    pages, recovery action NONE."""
+    signals_, clock = gpu()
+    h200 = GpuReading(
+        pcie_width=16,
+        pcie_max_width=16,
+        pcie_gen=5,
+        pcie_max_gen=5,
+        utilization=0,
+        pcie_replays=0,
+        nvlinks=None,
+        clock_events=0x1,
+        remap_pending=False,
+        remap_failed=False,
+        retired_pages_pending=None,
+        recovery_action=0,
+    )
+    for _ in range(5):
+        out = signals_.observe(h200)
+        assert out.grade == "healthy"
+        clock.now += 5
+    assert {u.signal for u in signals_.observe(h200).unknown} == set()

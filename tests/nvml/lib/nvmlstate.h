@@ -61,7 +61,7 @@ struct gpu {
     /* signals.c: what a degraded device is judged by; a PCIe figure of 0: not offered */
     unsigned pcie_width, pcie_max_width, pcie_gen, pcie_max_gen, pcie_gpu_max_gen, replays;
     unsigned utilization, remap, remap_corr, remap_unc, remap_pending, remap_failed;
-    unsigned retired_pending, recovery_offered, recovery;
+    unsigned retired, retired_pending, recovery_offered, recovery;
     unsigned long long clock_events;
     struct link links[MAX_LINKS];
     struct mig migs[MAX_MIGS];

@@ -112,6 +112,9 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
     if (!isPending)
         return NVML_ERROR_INVALID_ARGUMENT;
     ENTER(device, h);
+    if (!gpu_of(h)->retired) /* "if the device doesn't support this feature": from Ampere on,
+                              * row remapping replaces page retirement */
+        return leave(NVML_ERROR_NOT_SUPPORTED);
     *isPending = gpu_of(h)->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return leave(NVML_SUCCESS);
 }

@@ -11,7 +11,7 @@
  *                                                  and that bridge's NUMA node)
  *           pcie_width= pcie_max_width= pcie_gen= pcie_max_gen= pcie_gpu_max_gen=
  *           replays= utilization= clock_events= remap= remap_corr= remap_unc=
- *           remap_pending= remap_failed= retired_pending= recovery_offered= recovery=
+ *           remap_pending= remap_failed= retired= retired_pending= recovery_offered= recovery=
  *                                                 (what signals.c answers)
  *   link    gpu= link= type= bus= down=           (an active NVLink; down=1: inactive now)
  *   gip     gpu= profile= id= slices= instances= memory_mib= sm=
@@ -97,6 +97,7 @@ static void parse_gpu(struct state *s, char **f, int n)
     g->remap_unc = (unsigned)number(f, n, "remap_unc", 0);
     g->remap_pending = (unsigned)number(f, n, "remap_pending", 0);
     g->remap_failed = (unsigned)number(f, n, "remap_failed", 0);
+    g->retired = (unsigned)number(f, n, "retired", 1);
     g->retired_pending = (unsigned)number(f, n, "retired_pending", 0);
     g->recovery_offered = (unsigned)number(f, n, "recovery_offered", 0);
     g->recovery = (unsigned)number(f, n, "recovery", 0);
