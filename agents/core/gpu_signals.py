@@ -60,6 +60,10 @@ class GpuSignals:
         self._links: set[int] = set()  # links active since the start or the last reset
         self._slow = 0  # probes in a row with a hardware slowdown
 
+    def apply(self, limits: Limits) -> None:
+        """New limits (a config reload): they hold from the next probe on."""
+        self._hold.hold_s = limits.hold_s
+
     def reset(self) -> None:
         """The GPU was reset: links are counted afresh, held verdicts are dropped."""
         self._links.clear()

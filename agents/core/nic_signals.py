@@ -63,6 +63,11 @@ class NicSignals:
         self._counters: dict[str, CounterWindow] = {}
         self._carrier = CounterWindow(FLAP_WINDOW_S)
 
+    def apply(self, limits: Limits) -> None:
+        """New limits (a config reload): they hold from the next probe on."""
+        self._limit = limits.rdma_errors_per_minute
+        self._hold.hold_s = limits.hold_s
+
     def observe(self, r: NicReading, expected_mbps: int | None) -> DeviceVerdict:
         now = self._clock()
         out: list[SignalVerdict] = []

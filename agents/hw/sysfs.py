@@ -74,6 +74,16 @@ class Sysfs:
         # Polled every second for every NIC: a plain string path, no Path objects.
         return _port_state(self._read(f"{self.root}/class/infiniband/{rdma}/ports/{port}/state"))
 
+    def pci_model(self, addr: str) -> str:
+        """`vendor:device` of a PCI function (`15b3:1021`): NICs of one model are expected
+        to run at one speed; "" when sysfs does not show it."""
+        base = f"{self.root}/bus/pci/devices/{addr}"
+        vendor, device = (
+            _hex_id(self._read(f"{base}/vendor")),
+            _hex_id(self._read(f"{base}/device")),
+        )
+        return f"{vendor}:{device}" if vendor and device else ""
+
     def nic_reading(self, ifname: str, rdma: str | None, port: int = 1) -> NicReading:
         """Blocking: the degraded-device signals of one NIC (docs/degraded.md); a file
         that is absent or odd leaves its field None (a counter: left out)."""

@@ -120,3 +120,11 @@ async def test_an_edit_of_the_node_file_reaches_both_probes(tmp_path: Path) -> N
     assert await node.reload()
     assert node.nvml.probe("GPU-a").pcie_width == 8
     assert node.sysfs.nic_reading("ens1np0", "mlx5_0").speed_mbps == 100000
+
+
+def test_the_pci_model_of_a_nic_names_vendor_and_device(tmp_path: Path) -> None:
+    tree = SysfsTree(tmp_path / "root")
+    tree.apply(node_with({}))
+    sysfs = Sysfs(tree.sys)
+    assert sysfs.pci_model("0000:1c:00.0") == "15b3:101d"
+    assert sysfs.pci_model("0000:ff:00.0") == ""

@@ -296,3 +296,13 @@ def test_an_idle_h200_as_its_nvml_answers_is_healthy() -> None:
         assert out.grade == "healthy"
         clock.now += 5
     assert {u.signal for u in signals_.observe(h200).unknown} == set()
+
+
+def test_a_new_hold_applies_to_what_is_held_now() -> None:
+    signals_, clock = gpu(hold_s=600)
+    signals_.observe(changed(pcie_width=8))
+    clock.now += 30
+    assert signals_.observe(WELL).grade == "degraded"
+    signals_.apply(Limits(hold_s=20))
+    clock.now += 1
+    assert signals_.observe(WELL).grade == "healthy"

@@ -183,3 +183,17 @@ def test_carrier_changes_going_backwards_is_unknown_not_degraded() -> None:
     out = signals.observe(dataclasses.replace(WELL, carrier_changes=1), None)
     assert out.grade == "healthy"
     assert Unknown("link-flaps", BACKWARDS) in out.unknown
+
+
+def test_new_limits_apply_from_the_next_probe() -> None:
+    signals, clock = nic(limit=10)
+    signals.observe(WELL, None)
+    clock.now += 5
+    assert signals.observe(counters(symbol_error=5), None).grade == "healthy"
+    signals.apply(Limits(hold_s=5, nic_speed_mbps=0, rdma_errors_per_minute=3))
+    clock.now += 5
+    assert signals.observe(counters(symbol_error=6), None).grade == "degraded"  # +6 > 3
+    clock.now += 60
+    signals.observe(counters(symbol_error=6), None)
+    clock.now += 5
+    assert signals.observe(counters(symbol_error=6), None).grade == "healthy"  # 5 s hold
