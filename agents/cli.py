@@ -450,7 +450,7 @@ async def _serve_agent(agent: Agent, reloads: Callable[[], Coroutine[None, None,
 def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
     """Device-plugin mode: what claims of an earlier DRA mode still hold (docs/dra.md)."""
     from agents.dra.holdings import DraHoldings
-    from agents.plugin.kubelet_facts import PodResources
+    from agents.kernel.kubelet_facts import PodResources
 
     socket = opts.pod_resources_socket
     return DraHoldings(

@@ -23,10 +23,10 @@ from agents.errors import ConfigError
 from agents.families import KINDS
 from agents.family import Context, Family, FamilyKind, FamilyResource, config_view
 from agents.health import HealthFanout
+from agents.kernel.kubelet_facts import CheckpointFile, PodResources
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.pairing import PAIRED_KINDS, Pairing, pairs_label
-from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.plugin.manager import PluginManager
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import Supervisor, cause, off_loop, until
 
 if TYPE_CHECKING:

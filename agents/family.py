@@ -15,11 +15,11 @@ from agents.config import Config
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.dra.devices import DraDevices
+    from agents.kernel.facts import DraDevices
 
 
 class FamilyResource(Resource, Protocol):

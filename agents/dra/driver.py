@@ -22,8 +22,8 @@ from agents.dra.checkpoint import (
     PreparedDevice,
 )
 from agents.dra.claims import AllocationResult, Claim, ClaimError
-from agents.dra.devices import DraDevice, DraDevices, takes_none
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
+from agents.kernel.facts import DraDevice, DraDevices, takes_none
 from agents.tasks import off_loop
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,7 @@ import structlog
 from agents.dra.claims import Claim, ClaimError
 from agents.dra.driver import ClaimRef, ClaimStore, Driver
 from agents.dra.server import DriverServer
-from agents.plugin.kubelet_facts import PodResources
+from agents.kernel.kubelet_facts import PodResources
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

@@ -12,8 +12,8 @@ from typing import Any
 import structlog
 
 from agents.cluster.client import ApiClient, ApiError, GoneError, UnreachableError, WatchEvent
-from agents.dra.devices import DraDevices
 from agents.dra.slices import SLICES_PATH, build_slices, same_spec
+from agents.kernel.facts import DraDevices
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

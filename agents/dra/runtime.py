@@ -16,14 +16,14 @@ import structlog
 
 from agents.core.node_report import DeviceHealth, cause
 from agents.dra.claims import Claim
-from agents.dra.devices import DraDevices
 from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
 from agents.errors import BackendError
 from agents.family import Family
 from agents.hw.inotify import Change, DirectoryWatch
-from agents.plugin.kubelet_facts import CheckpointFile, PodResources
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
+from agents.kernel.facts import DraDevices
+from agents.kernel.kubelet_facts import CheckpointFile, PodResources
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from agents.core.node_report import DeviceHealth
-from agents.dra.devices import AttributeValue, DraDevice, DraDevices, Taint, Version
+from agents.kernel.facts import AttributeValue, DraDevice, DraDevices, Taint, Version
 
 API_VERSION = "resource.k8s.io/v1"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"

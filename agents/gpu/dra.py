@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agents.dra.devices import AttributeValue, DraDevice, Taint, Version, pci_attributes
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
+from agents.kernel.facts import AttributeValue, DraDevice, Taint, Version, pci_attributes
 
 DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"

@@ -15,7 +15,6 @@ from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
-from agents.dra.devices import DraDevices
 from agents.errors import BackendError
 from agents.family import Family, HealthSink, Located
 from agents.gpu import dra
@@ -24,6 +23,7 @@ from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
+from agents.kernel.facts import DraDevices
 from agents.labels import label_value
 
 if TYPE_CHECKING:

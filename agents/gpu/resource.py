@@ -17,7 +17,7 @@ from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
 from agents.gpu.allocation import container_allocation
 from agents.gpu.plan import ResourcePlan, Unit
-from agents.plugin.resource import Inventory, listed
+from agents.kernel.catalogue import Inventory, listed
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 

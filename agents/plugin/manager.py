@@ -24,9 +24,9 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
-from agents.plugin.resource import Resource, Withheld
+from agents.kernel.catalogue import Resource, Withheld
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.plugin.server import DevicePluginServer, socket_name
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

@@ -18,9 +18,9 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.core.device import Device
 from agents.errors import AllocationError, Code
+from agents.kernel.catalogue import Inventory, Resource, Withheld
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.plugin import requests, wire
-from agents.plugin.resource import Inventory, Resource, Withheld
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

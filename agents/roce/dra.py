@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from agents.dra.devices import OURS, AttributeValue, DraDevice, Taint, pci_attributes
 from agents.hw.lldp import Neighbour
+from agents.kernel.facts import OURS, AttributeValue, DraDevice, Taint, pci_attributes
 from agents.roce.discovery import Nic
 
 DRIVER = "roce.node-agents.io"

@@ -20,11 +20,11 @@ from agents.core.debounce import Debouncer
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
-from agents.dra.devices import DraDevices
 from agents.family import Family, HealthSink, Located
 from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
+from agents.kernel.facts import DraDevices
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch

@@ -9,7 +9,7 @@ from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
-from agents.plugin.resource import Inventory, listed
+from agents.kernel.catalogue import Inventory, listed
 from agents.roce.discovery import Nic
 
 RDMA_CM = "/dev/infiniband/rdma_cm"

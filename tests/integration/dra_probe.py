@@ -7,11 +7,11 @@ import dataclasses
 import json
 
 from agents.config import Config
-from agents.dra.devices import Version
 from agents.gpu.family import GpuFamily
 from agents.gpu.kind import GpuKind, discover_gpus, give_back
 from agents.hw.nvml_backend import NvmlBackend
 from agents.hw.sysfs import Sysfs
+from agents.kernel.facts import Version
 
 
 def main() -> None:

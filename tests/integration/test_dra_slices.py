@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agents.cluster.client import Access, ApiClient
-from agents.dra.devices import DraDevice, DraDevices, Taint, Version
 from agents.dra.publisher import SlicePublisher
+from agents.kernel.facts import DraDevice, DraDevices, Taint, Version
 from tests.conditions import async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer
 

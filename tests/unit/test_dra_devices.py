@@ -11,7 +11,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from agents.config import Config, Flags, Roce, Sharing, TimeSlicedResource, TimeSlicing
-from agents.dra.devices import (
+from agents.gpu.dra import binary_quantity, semantic, taint
+from agents.gpu.kind import GpuKind
+from agents.kernel.facts import (
     NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
@@ -20,8 +22,6 @@ from agents.dra.devices import (
     Taint,
     Version,
 )
-from agents.gpu.dra import binary_quantity, semantic, taint
-from agents.gpu.kind import GpuKind
 from agents.roce import dra as roce_dra
 from agents.roce.kind import RoceKind
 from agents.sim.bundled import bundled_node, bundled_nodes

@@ -8,7 +8,7 @@ from pathlib import Path
 from agents.core.device import DeviceSpec
 from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from agents.dra.holdings import DraHoldings
-from agents.plugin.kubelet_facts import PodResources
+from agents.kernel.kubelet_facts import PodResources
 
 NODE = (DeviceSpec("/dev/null", "/dev/null"),)
 

@@ -8,8 +8,8 @@ from fractions import Fraction
 import pytest
 
 from agents.core.node_report import DeviceHealth
-from agents.dra.devices import DraDevice, DraDevices, Taint
 from agents.dra.slices import build_slices, quantity, same_spec, slice_name, unhealthy_of
+from agents.kernel.facts import DraDevice, DraDevices, Taint
 
 GPUS = DraDevices(
     "gpu.nvidia.com",
