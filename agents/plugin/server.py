@@ -18,8 +18,8 @@ from agents.core.device import Device
 from agents.errors import AllocationError, Code
 from agents.kernel.catalogue import Inventory, Resource, Withheld
 from agents.kernel.socket_server import GRACE_S, UnixServer
-from agents.kernel.versioned import Versioned
 from agents.kernel.telemetry import NoTelemetry, Telemetry
+from agents.kernel.versioned import Versioned
 from agents.plugin import requests, wire
 from agents.tasks import first
 
