@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +23,7 @@ from agents.dra.checkpoint import (
 )
 from agents.dra.claims import AllocationResult, Claim, ClaimError
 from agents.kernel.catalogue import Resource
+from agents.kernel.edits import ContainerEdits, DeviceKey
 from agents.kernel.facts import DraDevice, DraDevices, takes_none
 from agents.tasks import off_loop
 
@@ -106,7 +107,7 @@ class Driver:
         store: Store,
         read_claim: ReadClaim,
         *,
-        withheld: Callable[[], Collection[tuple[str, str]]] = frozenset,
+        withheld: Callable[[str, str], bool] = lambda _resource, _id: False,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
@@ -117,14 +118,22 @@ class Driver:
         self._on_change = on_change  # told after each change of `prepared`
         self._devices: dict[str, DraDevice] = {}
         self._resources: dict[str, Resource] = {}
+        self._edits: Callable[[Sequence[DeviceKey]], ContainerEdits] = lambda _: ContainerEdits()
         self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
 
-    def publish(self, devices: DraDevices, resources: Mapping[str, Resource]) -> None:
-        """The devices the driver serves now (at start, on reload, on a device change)."""
+    def publish(
+        self,
+        devices: DraDevices,
+        resources: Mapping[str, Resource],
+        edits: Callable[[Sequence[DeviceKey]], ContainerEdits],
+    ) -> None:
+        """The devices the driver serves now (at start, on reload, on a device change),
+        and what a container gets for a set of them (their family's answer)."""
         self._devices = {d.name: d for d in devices.devices}
         self._resources = dict(resources)
+        self._edits = edits
         self._accepts = devices.accepts
 
     def device(self, name: str) -> DraDevice | None:
@@ -236,7 +245,7 @@ class Driver:
             raise ClaimError(f"device {result.device}: unknown to driver {self.name} on this node")
         if not self.healthy(device):
             raise ClaimError(f"device {result.device}: Unhealthy")
-        if (device.resource, device.device_id) in self._withheld():
+        if self._withheld(device.resource, device.device_id):
             raise ClaimError(
                 f"device {result.device}: held by a running pod through the device-plugin API"
             )
@@ -252,15 +261,9 @@ class Driver:
         for result in results:
             by_device.setdefault(result.device, []).append(result)
         unique = list({d.name: d for d in devices}.values())
-        env: dict[str, str] = {}
-        by_resource: dict[str, list[str]] = {}
-        for device in unique:
-            by_resource.setdefault(device.resource, []).append(device.device_id)
-        for resource, ids in by_resource.items():
-            env = merge_env(env, self._resources[resource].allocate(ids).envs)
-        nodes = {
-            d.name: self._resources[d.resource].allocate([d.device_id]).devices for d in unique
-        }
+        edits = self._edits([(d.resource, d.device_id) for d in unique])  # once per claim
+        env = dict(edits.env)
+        nodes = {d.name: edits.nodes[d.resource, d.device_id] for d in unique}
         cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
         prepared = tuple(
             PreparedDevice(
@@ -300,11 +303,3 @@ class Driver:
             ref = ClaimRef(known.namespace, uid, known.name)
             log.info("dra_claim_unprepared", driver=self.name, claim=str(ref))
             self._on_change()
-
-
-def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:
-    """Two allocations' environments as one: a variable both set lists both values."""
-    out = dict(a)
-    for key, value in b.items():
-        out[key] = f"{out[key]},{value}" if key in out and out[key] != value else value
-    return out

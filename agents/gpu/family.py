@@ -23,6 +23,7 @@ from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
+from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import DraDevices
 from agents.labels import label_value
 
@@ -155,7 +156,7 @@ class GpuFamily:
                 )
         return states
 
-    def dra(self) -> DraDevices:
+    def facts(self) -> DraDevices:
         """Each served whole GPU and MIG instance (not one taken off the node), under the
         resource that serves it."""
         served = [
@@ -166,6 +167,10 @@ class GpuFamily:
         ]
         found = dra.devices(self.gpus, served, self._driver)
         return DraDevices(dra.DRIVER, found, dra.taint, dra.accepts)
+
+    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+        by_name = {r.name: r for r in self._resources}
+        return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, GpuFamily):

@@ -16,10 +16,10 @@ from agents.kernel.facts import Version
 
 def main() -> None:
     nvml = NvmlBackend()
-    config = GpuKind().for_dra(Config.default())
+    config = GpuKind().named_devices(Config.default())
     found = discover_gpus(nvml, Sysfs(), config, "probe")
     try:
-        published = GpuFamily(nvml, found, config).dra()
+        published = GpuFamily(nvml, found, config).facts()
     finally:
         give_back(nvml)
     devices = [
