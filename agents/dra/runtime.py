@@ -1,7 +1,7 @@
 """The DRA runtime: every family served as one DRA driver (`node-agent run --api dra`),
-beside agents/plugin and knowing nothing of GPUs or NICs. It keeps each driver's
-sockets up, its devices published in ResourceSlices as their health and the kubelet's
-device-plugin holdings change, and its prepared claims across restarts."""
+standing on agents/kernel and knowing nothing of GPUs or NICs. It keeps each driver's
+sockets up, its devices published in ResourceSlices as their health and what another
+API's pods still hold change, and its prepared claims across restarts."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class DraRuntime:
         self._clear_capacity = clear_capacity
         self.drivers: dict[str, Driver] = {}
         self.servers: dict[str, DriverServer] = {}
-        # What running pods hold through the device-plugin API: not offered.
+        # What pods of another API still hold: not offered until they end.
         self._withheld = withheld
         self._health_changes = Versioned()
         self._wake = asyncio.Event()
