@@ -21,7 +21,7 @@ from agents.kernel.offer import Offer
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.kernel.facts import DraDevices
+    from agents.kernel.facts import FamilyFacts
 
 
 class FamilyResource(Resource, Protocol):
@@ -97,7 +97,7 @@ class Family(Offer, Protocol):
         flap. Called on the loop before the family is adopted."""
         ...
 
-    def facts(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         """Each device with its attributes and capacities, tied to the resource (and
         device ID) that serves it; read again whenever a resource's inventory changes."""
         ...

@@ -24,7 +24,7 @@ from agents.dra.checkpoint import (
 from agents.dra.claims import AllocationResult, Claim, ClaimError
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import ContainerEdits, DeviceKey
-from agents.kernel.facts import DraDevice, DraDevices, takes_none
+from agents.kernel.facts import DeviceFacts, FamilyFacts, takes_none
 from agents.tasks import off_loop
 
 log = structlog.get_logger(__name__)
@@ -116,7 +116,7 @@ class Driver:
         self._read_claim = read_claim
         self._withheld = withheld  # (resource, device ID) held through the device-plugin API
         self._on_change = on_change  # told after each change of `prepared`
-        self._devices: dict[str, DraDevice] = {}
+        self._devices: dict[str, DeviceFacts] = {}
         self._resources: dict[str, Resource] = {}
         self._edits: Callable[[Sequence[DeviceKey]], ContainerEdits] = lambda _: ContainerEdits()
         self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
@@ -125,7 +125,7 @@ class Driver:
 
     def publish(
         self,
-        devices: DraDevices,
+        devices: FamilyFacts,
         resources: Mapping[str, Resource],
         edits: Callable[[Sequence[DeviceKey]], ContainerEdits],
     ) -> None:
@@ -136,10 +136,10 @@ class Driver:
         self._edits = edits
         self._accepts = devices.accepts
 
-    def device(self, name: str) -> DraDevice | None:
+    def device(self, name: str) -> DeviceFacts | None:
         return self._devices.get(name)
 
-    def healthy(self, device: DraDevice) -> bool:
+    def healthy(self, device: DeviceFacts) -> bool:
         resource = self._resources.get(device.resource)
         found = resource.inventory.get(device.device_id) if resource is not None else None
         return found is not None and found.healthy
@@ -237,7 +237,7 @@ class Driver:
                 raise ClaimError(f"opaque config for {self.name}: {why}")
             log.info("dra_config_accepted", driver=self.name, parameters=parameters)
 
-    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DraDevice:
+    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DeviceFacts:
         if result.pool != self.pool:
             raise ClaimError(f"device {result.device}: pool {result.pool!r} is not this node's")
         device = self._devices.get(result.device)
@@ -255,7 +255,7 @@ class Driver:
         return device
 
     def _prepared(
-        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DraDevice]
+        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DeviceFacts]
     ) -> PreparedClaim:
         by_device: dict[str, list[AllocationResult]] = {}
         for result in results:

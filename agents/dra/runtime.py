@@ -20,7 +20,7 @@ from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
 from agents.errors import ConfigError
 from agents.kernel.catalogue import Resource
-from agents.kernel.facts import DraDevices
+from agents.kernel.facts import FamilyFacts
 from agents.kernel.handover import Holdings
 from agents.kernel.offer import Offer
 from agents.kernel.socket_server import keep_serving
@@ -46,7 +46,7 @@ class Slices(Protocol):
     """Publishes each driver's devices, the Unhealthy ones (by name, with their reasons)
     left out or tainted; `set` returns at once, `run` does the requests."""
 
-    def set(self, devices: DraDevices, unhealthy: Mapping[str, str | None]) -> None: ...
+    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, str | None]) -> None: ...
 
     async def run(self) -> None: ...
 
@@ -191,8 +191,8 @@ class DraRuntime:
         self._health_changes.bump()
 
     def _published(
-        self, family: Offer, devices: DraDevices, resources: Mapping[str, Resource]
-    ) -> tuple[DraDevices, dict[str, str | None]]:
+        self, family: Offer, devices: FamilyFacts, resources: Mapping[str, Resource]
+    ) -> tuple[FamilyFacts, dict[str, str | None]]:
         """The devices to publish (not those running pods hold through the device-plugin
         API) and the Unhealthy ones among them, with their reasons."""
         reasons = {(h.resource, h.device_id): h.reason for h in family.device_health()}

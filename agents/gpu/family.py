@@ -24,7 +24,7 @@ from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
-from agents.kernel.facts import DraDevices
+from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class GpuFamily:
                 )
         return states
 
-    def facts(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         """Each served whole GPU and MIG instance (not one taken off the node), under the
         resource that serves it."""
         served = [
@@ -166,7 +166,7 @@ class GpuFamily:
             if u.gpu_uuid not in self._gone
         ]
         found = dra.devices(self.gpus, served, self._driver)
-        return DraDevices(dra.DRIVER, found, dra.taint, dra.accepts)
+        return FamilyFacts(dra.DRIVER, found, dra.taint, dra.accepts)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
         by_name = {r.name: r for r in self._resources}

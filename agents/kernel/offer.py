@@ -10,7 +10,7 @@ from typing import Protocol
 from agents.core.node_report import DeviceHealth
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import ContainerEdits, DeviceKey
-from agents.kernel.facts import DraDevices
+from agents.kernel.facts import FamilyFacts
 
 
 class Offer(Protocol):
@@ -19,7 +19,7 @@ class Offer(Protocol):
 
     def resources(self) -> Sequence[Resource]: ...
 
-    def facts(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         """The family's devices with their attributes and capacities, each tied to the
         resource (and device ID) that serves it; read again whenever a resource's
         inventory changes."""

@@ -25,7 +25,7 @@ from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
-from agents.kernel.facts import DraDevices
+from agents.kernel.facts import FamilyFacts
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
@@ -113,9 +113,9 @@ class RoceFamily:
         own = {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
         return own | self.fabric.labels()  # the fabric's keys carry their own prefixes
 
-    def facts(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         devices = dra.devices(self._nics, self._resource.name, self.fabric.neighbours)
-        return DraDevices(dra.DRIVER, devices, dra.taint)
+        return FamilyFacts(dra.DRIVER, devices, dra.taint)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
         by_name = {r.name: r for r in self.resources()}

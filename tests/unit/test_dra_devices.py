@@ -18,7 +18,7 @@ from agents.kernel.facts import (
     PCI_BUS_ID,
     PCIE_ROOT,
     PCIE_SWITCH,
-    DraDevice,
+    DeviceFacts,
     Taint,
     Version,
 )
@@ -31,7 +31,9 @@ from tests.families import gpu_family, roce_family
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-def _published(name: str, tmp_path: Path) -> tuple[SimulatedNode, list[DraDevice], list[DraDevice]]:
+def _published(
+    name: str, tmp_path: Path
+) -> tuple[SimulatedNode, list[DeviceFacts], list[DeviceFacts]]:
     node = SimulatedNode(bundled_node(name), tmp_path)
     node.load()
     gpus = gpu_family(
@@ -41,7 +43,7 @@ def _published(name: str, tmp_path: Path) -> tuple[SimulatedNode, list[DraDevice
     return node, list(gpus.facts().devices), list(nics.facts().devices)
 
 
-def check_devices(devices: list[DraDevice]) -> None:
+def check_devices(devices: list[DeviceFacts]) -> None:
     """The limits the API server holds a ResourceSlice's devices to."""
     names = [d.name for d in devices]
     assert len(names) == len(set(names))
