@@ -25,8 +25,7 @@ from agents.tasks import cause, until
 if TYPE_CHECKING:
     from agents.backends import Backends
     from agents.cluster.node_labels import NodeLabeller
-    from agents.daemon import Agent, DraMaker, HealthReporter
-    from agents.dra.holdings import DraHoldings
+    from agents.daemon import Agent, HealthReporter
     from agents.family import FamilyKind
     from agents.nodeconfig import NodeConfigs
 
@@ -39,9 +38,6 @@ CONFIG_DEFAULT_ENV = "NODE_AGENT_CONFIG_DEFAULT"
 CONFIG_LABEL_ENV = "NODE_AGENT_CONFIG_LABEL"
 LOG_LEVEL_ENV = "NODE_AGENT_LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
-DEFAULT_KUBELET_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_ROOT = "/var/run/cdi"
 EXIT_OK, EXIT_FATAL, EXIT_USAGE = 0, 1, 2
 
 log = structlog.get_logger("node_agent")
@@ -94,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", help="run, topo, demo or fabric"
     )
-    run = sub.add_parser("run", help="serve the device plugins until SIGTERM")
+    run = sub.add_parser("run", help="serve the devices until SIGTERM")
     run.add_argument(
         "--config",
         type=Path,
@@ -142,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
     _cluster_flags(run)
-    _dra_flags(run)
+    _api_flags(run)
     run.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -237,44 +233,27 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
-def _dra_flags(run: argparse.ArgumentParser) -> None:
-    """DRA mode (docs/dra.md): the same families, served as DRA drivers."""
+def _api_flags(run: argparse.ArgumentParser) -> None:
+    """The kubelet API the devices are served through (agents/apis.py), and each API's own
+    flags."""
+    from agents.apis import APIS
+
+    names = _api_names()
     run.add_argument(
         "--api",
-        choices=("device-plugin", "dra"),
-        default=os.environ.get(API_ENV, "device-plugin"),
-        help=f"serve devices through device plugins or DRA (env {API_ENV}; "
-        "default device-plugin); one API per node",
+        choices=names,
+        default=os.environ.get(API_ENV, names[0]),
+        help=f"serve devices through {' or '.join(names)} (env {API_ENV}; "
+        f"default {names[0]}); one API per node",
     )
-    run.add_argument(
-        "--kubelet-plugins-dir",
-        type=Path,
-        metavar="DIR",
-        default=Path(DEFAULT_KUBELET_PLUGINS_DIR),
-        help=f"DRA: where each driver's service socket and checkpoint go "
-        f"(default {DEFAULT_KUBELET_PLUGINS_DIR})",
-    )
-    run.add_argument(
-        "--kubelet-registry-dir",
-        type=Path,
-        metavar="DIR",
-        default=Path(DEFAULT_KUBELET_REGISTRY_DIR),
-        help="DRA: the kubelet's plugin-watcher directory "
-        f"(default {DEFAULT_KUBELET_REGISTRY_DIR})",
-    )
-    run.add_argument(
-        "--cdi-root",
-        type=Path,
-        metavar="DIR",
-        default=Path(DEFAULT_CDI_ROOT),
-        help=f"DRA: where prepared claims' CDI specs are written (default {DEFAULT_CDI_ROOT})",
-    )
-    run.add_argument(
-        "--dra-device-taints",
-        action="store_true",
-        help="DRA: keep an Unhealthy device in its slice with a NoSchedule taint instead of "
-        "leaving it out (API server and scheduler need DRADeviceTaints)",
-    )
+    for api in APIS:
+        api.add_flags(run)
+
+
+def _api_names() -> tuple[str, ...]:
+    from agents.apis import APIS
+
+    return tuple(api.name for api in APIS)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -292,8 +271,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(opts, "simulate_root", None) and not opts.simulate:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
-    if getattr(opts, "api", "device-plugin") not in ("device-plugin", "dra"):
-        _subparser(parser, "run").error(f"{API_ENV}: device-plugin or dra, not {opts.api!r}")
+    names = _api_names()
+    if getattr(opts, "api", names[0]) not in names:
+        _subparser(parser, "run").error(f"{API_ENV}: one of {', '.join(names)}, not {opts.api!r}")
     if getattr(opts, "log_level", "info") not in LOG_LEVELS:
         levels = ", ".join(LOG_LEVELS)
         _subparser(parser, "run").error(f"{LOG_LEVEL_ENV}: one of {levels}, not {opts.log_level!r}")
@@ -401,7 +381,10 @@ async def _serve_config(
     )
     reporter = await _cluster_reporter(opts)
     labeller = await _node_labeller(opts) if opts.label_node else None
-    dra = await _dra(opts) if opts.api == "dra" else None
+    from agents.apis import APIS, api_named
+
+    api = api_named(opts.api)
+    serve = await api.serve(opts, os.environ)
     async with backends_cm as backends:
         agent = Agent(
             config,
@@ -413,8 +396,8 @@ async def _serve_config(
             nfd_features_file=opts.nfd_features_file,
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
-            dra=dra,
-            dra_holdings=None if dra is not None else _dra_holdings(opts),
+            api=serve,
+            leftovers=[other.leftovers(opts) for other in APIS if other is not api],
             node_labeller=labeller,
         )
 
@@ -445,36 +428,6 @@ async def _serve_agent(agent: Agent, reloads: Callable[[], Coroutine[None, None,
             group.create_task(reloads())
     except BaseExceptionGroup as failed:
         raise cause(failed) from None
-
-
-def _dra_holdings(opts: argparse.Namespace) -> DraHoldings:
-    """Device-plugin mode: what claims of an earlier DRA mode still hold (docs/dra.md)."""
-    from agents.dra.holdings import DraHoldings
-    from agents.plugin.kubelet_facts import PodResources
-
-    socket = opts.pod_resources_socket
-    return DraHoldings(
-        opts.kubelet_plugins_dir, opts.kubelet_registry_dir, opts.cdi_root, PodResources(socket)
-    )
-
-
-async def _dra(opts: argparse.Namespace) -> DraMaker:
-    """DRA mode's runtime maker; ConfigError without a node name or API server."""
-    from agents.dra.runtime import DraSettings
-    from agents.dra.wiring import dra_maker
-
-    def settings(node: str) -> DraSettings:
-        return DraSettings(
-            node=node,
-            plugins_dir=opts.kubelet_plugins_dir,
-            registry_dir=opts.kubelet_registry_dir,
-            cdi_root=opts.cdi_root,
-            device_plugin_dir=opts.device_plugin_dir,
-            pod_resources_socket=opts.pod_resources_socket,
-            device_taints=opts.dra_device_taints,
-        )
-
-    return await dra_maker(settings, opts.kubeconfig, opts.node_name, os.environ)
 
 
 async def _cluster_reporter(opts: argparse.Namespace) -> HealthReporter | None:

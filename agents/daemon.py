@@ -1,5 +1,6 @@
-"""The agent process: families built from the config and served through the device-plugin
-runtime, with pairing, health fan-out, labels, metrics and cluster reports beside them.
+"""The agent process: families built from the config and served through one kubelet API
+(agents/apis.py), with pairing, health fan-out, labels, metrics and cluster reports
+beside them.
 
 Discovery runs off the event loop and returns values; everything live (families,
 pairing, resources) changes on the loop, only once a start or reload can no longer fail.
@@ -9,29 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
+from agents.apis import PLAIN
 from agents.backends import Backends
 from agents.config import Config
 from agents.core.node_report import DeviceHealth
-from agents.errors import ConfigError
 from agents.families import KINDS
 from agents.family import Context, Family, FamilyKind, FamilyResource, config_view
 from agents.health import HealthFanout
+from agents.kernel.handover import Holdings, Together
+from agents.kernel.kubelet_facts import CheckpointFile, PodResources
+from agents.kernel.runtime import Host, Runtime, Serve
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.pairing import PAIRED_KINDS, Pairing, pairs_label
-from agents.plugin.kubelet_facts import CheckpointFile, PodResources
-from agents.plugin.manager import PluginManager
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import Supervisor, cause, off_loop, until
 
 if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
-    from agents.dra.holdings import DraHoldings
     from agents.metrics import Metrics, MetricsServer
 
 log = structlog.get_logger(__name__)
@@ -39,27 +40,9 @@ log = structlog.get_logger(__name__)
 F = TypeVar("F")
 
 
-class Runtime(Protocol):
-    """How the families are served to the kubelet: device plugins, or DRA drivers."""
-
-    def check(self, resources: Sequence[FamilyResource]) -> None: ...
-
-    async def replace(
-        self, resources: Sequence[FamilyResource], unchanged: Collection[str]
-    ) -> None: ...
-
-    async def run(self) -> None: ...
-
-    def serving(self) -> bool: ...
-
-
-# Makes the DRA runtime over the agent's families (`node-agent run --api dra`).
-DraMaker = Callable[[Callable[[], Sequence[Family]]], Runtime]
-
-
 class HealthReporter(Protocol):
     """Told of every health change on the event loop (it must not block), and run beside
-    the device plugins with the current health of every advertised device at hand."""
+    the runtime with the current health of every advertised device at hand."""
 
     def changed(self, change: DeviceHealth) -> None: ...
 
@@ -78,9 +61,9 @@ class Agent:
     nfd_features_file: Path | None = None
     pod_resources_socket: Path | None = None
     reporter: HealthReporter | None = None
-    dra: DraMaker | None = None  # serve through DRA instead of device plugins
-    # Device-plugin mode: devices that claims of the DRA checkpoints hold, not advertised.
-    dra_holdings: DraHoldings | None = None
+    api: Serve = PLAIN  # the API the families are served through (agents/apis.py)
+    # What pods or claims of the other APIs still hold: not offered until freed.
+    leftovers: Sequence[Holdings] = ()
     # --label-node: the fabric's labels patched onto this node's Node.
     node_labeller: NodeLabeller | None = None
 
@@ -89,7 +72,7 @@ class Agent:
         self.manager: Runtime | None = None
         # One pairing for the agent's life: the kubelet's facts outlive a config reload.
         self.pairing: Pairing | None = None
-        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS and self.dra is None:
+        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS and self.api.pairs:
             facts = CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket)
             self.pairing = Pairing(*facts)
         self.metrics: Metrics | None = None
@@ -104,6 +87,15 @@ class Agent:
         self.health = HealthFanout(self.telemetry, changed)
         self._supervisor: Supervisor | None = None
         self._reloading = asyncio.Lock()
+        self._together: Together | None = None
+
+    def _held(self) -> Holdings | None:
+        """The other APIs' leftovers as one, if any."""
+        if len(self.leftovers) <= 1:
+            return next(iter(self.leftovers), None)
+        if self._together is None:
+            self._together = Together(self.leftovers)
+        return self._together
 
     def family(self, of_type: type[F]) -> F | None:
         """The running family of this type, if any (for tests and the demo)."""
@@ -136,21 +128,18 @@ class Agent:
             return self.manager
         fresh = await self._make(self.kinds, self.config, self.config_source)
         try:
-            manager: Runtime
-            if self.dra is not None:
-                manager = self.dra(lambda: list(self.families.values()))
-                _check_drivers(fresh)
-            else:
-                holdings = self.dra_holdings
-                if holdings is not None:
-                    await holdings.load(sorted({f.dra().driver for f in fresh}))
-                manager = PluginManager(
-                    self.plugin_dir,
-                    [r for f in fresh for r in f.resources()],
-                    telemetry=self.telemetry,
-                    before_preferred=self.pairing.refresh if self.pairing is not None else None,
-                    withheld=holdings,
-                )
+            held = self._held()
+            if held is not None:
+                await held.load(fresh)
+            host = Host(
+                lambda: list(self.families.values()),
+                self.plugin_dir,
+                self.telemetry,
+                before_preferred=self.pairing.refresh if self.pairing is not None else None,
+                withheld=held,
+            )
+            manager = self.api.runtime(fresh, host)
+            manager.check(fresh)
         except BaseException:
             await _close(fresh)
             raise
@@ -169,8 +158,8 @@ class Agent:
         try:
             for kind in kinds:
                 view = config_view(kind, config)
-                if self.dra is not None:
-                    view = kind.for_dra(view)
+                if self.api.names_devices:
+                    view = kind.named_devices(view)
                 discover = functools.partial(kind.discover, view, self.backends, source)
                 found = await off_loop(discover, f"{kind.name}-discovery")
                 made.append(kind.build(found, view, self._context(kind, config)))
@@ -217,18 +206,17 @@ class Agent:
             before = {r.name: _definition(r) for r in self.resources()}
             fresh = await self._make(changed, config, source)
             built = {f.name: f for f in fresh}
-            now = [r for n, f in self.families.items() for r in built.get(n, f).resources()]
+            families = [built.get(n, f) for n, f in self.families.items()]
+            now = [r for f in families for r in f.resources()]
             try:
-                manager.check(now)
-                if self.dra is not None:
-                    _check_drivers([built.get(n, f) for n, f in self.families.items()])
+                manager.check(families)
             except BaseException:
                 await _close(fresh)
                 raise
             await self._swap(fresh, config)
             self.config_source = source
             unchanged = {r.name for r in now if before.get(r.name) == _definition(r)}
-            await manager.replace(now, unchanged)
+            await manager.replace(families, unchanged)
             if self._supervisor is not None:
                 for family in fresh:
                     self._supervisor.start(_task(family), family.run)
@@ -288,13 +276,14 @@ class Agent:
             manager = await self.start()
             async with asyncio.TaskGroup() as group:
                 tasks = self._supervisor = Supervisor(group)
-                tasks.start("plugins", manager.run)
+                tasks.start("runtime", manager.run)
                 if self.pairing is not None:
                     tasks.start("pairing", self.pairing.run)
                 if self.backends.simulated is not None:
                     tasks.start("simulated-node", self.backends.simulated.run)
-                if self.dra_holdings is not None and self.dra is None:
-                    tasks.start("dra-holdings", self.dra_holdings.run)
+                held = self._held()
+                if held is not None:
+                    tasks.start("leftovers", held.run)
                 if self.metrics_server is not None:
                     tasks.start("metrics", self.metrics_server.serve)
                 if self.reporter is not None:
@@ -322,13 +311,6 @@ async def _close(families: Sequence[Family]) -> None:
     """Give back what the discoveries of families that will never run took."""
     for family in families:
         await family.close()
-
-
-def _check_drivers(families: Sequence[Family]) -> None:
-    """Raise ConfigError if two families would serve one DRA driver."""
-    drivers = [f.dra().driver for f in families]
-    if len(set(drivers)) != len(drivers):
-        raise ConfigError("--families", ",".join(f.name for f in families), "one DRA driver each")
 
 
 def _task(family: Family) -> str:

@@ -1,8 +1,8 @@
 """What the agent knows of a device family, and all it knows: the config sections it is
-built from, how it is discovered and built, its resources, labels and health. The agent
-iterates families through this interface; adding a family adds a folder and a line in
-agents/families.py, and serving families through another API adds a runtime beside
-agents/plugin, not branches."""
+built from, how it is discovered and built, its resources, the facts of its devices, what
+a container gets for them, labels and health. It says nothing of the API the devices are
+served through: each runtime turns what a family offers (agents/kernel/offer.py) into its
+own wire form. Adding a family adds a folder and a line in agents/families.py."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from agents.config import Config
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
+from agents.kernel.edits import ContainerEdits, DeviceKey
+from agents.kernel.offer import Offer
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.dra.devices import DraDevices
+    from agents.kernel.facts import FamilyFacts
 
 
 class FamilyResource(Resource, Protocol):
-    """A resource as the agent sees it, beyond what the device-plugin runtime needs."""
+    """A resource as the agent sees it, beyond what every runtime needs."""
 
     def definition(self) -> Hashable:
         """What the kubelet and its containers see of the resource, health aside: when
@@ -33,6 +35,10 @@ class FamilyResource(Resource, Protocol):
     @property
     def summary(self) -> str:
         """What its devices are, for the pairing log: "whole GPUs", "NICs", ..."""
+        ...
+
+    def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What one container gets for these devices together, each device's nodes apart."""
         ...
 
 
@@ -60,7 +66,7 @@ class Context:
     pairing: PairingSide | None  # None: this family is not paired
 
 
-class Family(Protocol):
+class Family(Offer, Protocol):
     """A family built from one discovery: its resources and the loop that keeps their
     health (and, for some, their device lists) current."""
 
@@ -91,9 +97,13 @@ class Family(Protocol):
         flap. Called on the loop before the family is adopted."""
         ...
 
-    def dra(self) -> DraDevices:
-        """The family's devices as its DRA driver publishes them (`node-agent run --api
-        dra`); read again whenever a resource's inventory changes."""
+    def facts(self) -> FamilyFacts:
+        """Each device with its attributes and capacities, tied to the resource (and
+        device ID) that serves it; read again whenever a resource's inventory changes."""
+        ...
+
+    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+        """What one container gets for these devices (resource, device ID) together."""
         ...
 
     async def run(self) -> None:
@@ -120,10 +130,10 @@ class FamilyKind(Protocol):
 
     def build(self, found: Any, config: Config, context: Context) -> Family: ...
 
-    def for_dra(self, config: Config) -> Config:
-        """`config` as this family runs under DRA: the keys that mean nothing there (claims
-        share and name devices) set back to their defaults, with one warning for each that
-        was set."""
+    def named_devices(self, config: Config) -> Config:
+        """`config` as this family runs where devices are claimed one by one by name and
+        shared by claims (Serve.names_devices): the keys that mean nothing there set back
+        to their defaults, with one warning for each that was set."""
         ...
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from agents.core.node_report import DeviceHealth
-from agents.plugin.telemetry import NoTelemetry, Telemetry
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 
 log = structlog.get_logger(__name__)
 

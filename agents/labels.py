@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from agents.atomic_file import write_atomically
-from agents.plugin.resource import Inventory
+from agents.kernel.catalogue import Inventory
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

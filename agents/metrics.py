@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from agents import __version__
 from agents.errors import ConfigError
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
 
 log = structlog.get_logger(__name__)
 

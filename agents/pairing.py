@@ -1,6 +1,6 @@
 """GPU<->NIC pairing wired to the kubelet: the whole-GPU resource and the NIC resource share
 one ledger (agents.core.ledger), fed with the checkpoint before every call and with
-pod-resources before every preferred answer (agents.plugin.kubelet_facts).
+pod-resources before every preferred answer (agents.kernel.kubelet_facts).
 
 Built before the families, which get a side each at construction; each side tells where
 its devices are once they are discovered, and again when they change.
@@ -17,7 +17,7 @@ from agents.core.budget import Expired, never
 from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.core.subsets import PairCosts
 from agents.core.topology import Distance, PciLocation, Topology
-from agents.plugin.kubelet_facts import CheckpointFile, PodResources
+from agents.kernel.kubelet_facts import CheckpointFile, PodResources
 
 log = structlog.get_logger(__name__)
 

@@ -9,7 +9,7 @@ import structlog
 
 from agents.cluster.client import ApiClient, ApiError, UnreachableError
 from agents.core.fabric import ALL_KEYS
-from agents.plugin.resource import Inventory
+from agents.kernel.catalogue import Inventory
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -22,8 +22,9 @@ from agents.dra.checkpoint import (
     PreparedDevice,
 )
 from agents.dra.claims import AllocationResult, Claim, ClaimError
-from agents.dra.devices import DraDevice, DraDevices, takes_none
-from agents.plugin.resource import Resource
+from agents.kernel.catalogue import Resource
+from agents.kernel.edits import ContainerEdits, DeviceKey
+from agents.kernel.facts import DeviceFacts, FamilyFacts, takes_none
 from agents.tasks import off_loop
 
 log = structlog.get_logger(__name__)
@@ -106,7 +107,7 @@ class Driver:
         store: Store,
         read_claim: ReadClaim,
         *,
-        withheld: Callable[[], Collection[tuple[str, str]]] = frozenset,
+        withheld: Callable[[str, str], bool] = lambda _resource, _id: False,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.name = name
@@ -115,22 +116,30 @@ class Driver:
         self._read_claim = read_claim
         self._withheld = withheld  # (resource, device ID) held through the device-plugin API
         self._on_change = on_change  # told after each change of `prepared`
-        self._devices: dict[str, DraDevice] = {}
+        self._devices: dict[str, DeviceFacts] = {}
         self._resources: dict[str, Resource] = {}
+        self._edits: Callable[[Sequence[DeviceKey]], ContainerEdits] = lambda _: ContainerEdits()
         self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
 
-    def publish(self, devices: DraDevices, resources: Mapping[str, Resource]) -> None:
-        """The devices the driver serves now (at start, on reload, on a device change)."""
+    def publish(
+        self,
+        devices: FamilyFacts,
+        resources: Mapping[str, Resource],
+        edits: Callable[[Sequence[DeviceKey]], ContainerEdits],
+    ) -> None:
+        """The devices the driver serves now (at start, on reload, on a device change),
+        and what a container gets for a set of them (their family's answer)."""
         self._devices = {d.name: d for d in devices.devices}
         self._resources = dict(resources)
+        self._edits = edits
         self._accepts = devices.accepts
 
-    def device(self, name: str) -> DraDevice | None:
+    def device(self, name: str) -> DeviceFacts | None:
         return self._devices.get(name)
 
-    def healthy(self, device: DraDevice) -> bool:
+    def healthy(self, device: DeviceFacts) -> bool:
         resource = self._resources.get(device.resource)
         found = resource.inventory.get(device.device_id) if resource is not None else None
         return found is not None and found.healthy
@@ -228,7 +237,7 @@ class Driver:
                 raise ClaimError(f"opaque config for {self.name}: {why}")
             log.info("dra_config_accepted", driver=self.name, parameters=parameters)
 
-    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DraDevice:
+    def _checked(self, claim: ClaimRef, result: AllocationResult) -> DeviceFacts:
         if result.pool != self.pool:
             raise ClaimError(f"device {result.device}: pool {result.pool!r} is not this node's")
         device = self._devices.get(result.device)
@@ -236,7 +245,7 @@ class Driver:
             raise ClaimError(f"device {result.device}: unknown to driver {self.name} on this node")
         if not self.healthy(device):
             raise ClaimError(f"device {result.device}: Unhealthy")
-        if (device.resource, device.device_id) in self._withheld():
+        if self._withheld(device.resource, device.device_id):
             raise ClaimError(
                 f"device {result.device}: held by a running pod through the device-plugin API"
             )
@@ -246,21 +255,15 @@ class Driver:
         return device
 
     def _prepared(
-        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DraDevice]
+        self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DeviceFacts]
     ) -> PreparedClaim:
         by_device: dict[str, list[AllocationResult]] = {}
         for result in results:
             by_device.setdefault(result.device, []).append(result)
         unique = list({d.name: d for d in devices}.values())
-        env: dict[str, str] = {}
-        by_resource: dict[str, list[str]] = {}
-        for device in unique:
-            by_resource.setdefault(device.resource, []).append(device.device_id)
-        for resource, ids in by_resource.items():
-            env = merge_env(env, self._resources[resource].allocate(ids).envs)
-        nodes = {
-            d.name: self._resources[d.resource].allocate([d.device_id]).devices for d in unique
-        }
+        edits = self._edits([(d.resource, d.device_id) for d in unique])  # once per claim
+        env = dict(edits.env)
+        nodes = {d.name: edits.nodes[d.resource, d.device_id] for d in unique}
         cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
         prepared = tuple(
             PreparedDevice(
@@ -300,11 +303,3 @@ class Driver:
             ref = ClaimRef(known.namespace, uid, known.name)
             log.info("dra_claim_unprepared", driver=self.name, claim=str(ref))
             self._on_change()
-
-
-def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:
-    """Two allocations' environments as one: a variable both set lists both values."""
-    out = dict(a)
-    for key, value in b.items():
-        out[key] = f"{out[key]},{value}" if key in out and out[key] != value else value
-    return out

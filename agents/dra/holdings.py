@@ -16,7 +16,9 @@ import structlog
 from agents.dra.claims import Claim, ClaimError
 from agents.dra.driver import ClaimRef, ClaimStore, Driver
 from agents.dra.server import DriverServer
-from agents.plugin.kubelet_facts import PodResources
+from agents.kernel.kubelet_facts import PodResources
+from agents.kernel.offer import Offer
+from agents.kernel.versioned import Versioned
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -39,8 +41,7 @@ class DraHoldings:
         self._drivers: dict[str, Driver] = {}
         self._held: frozenset[str] = frozenset()  # device IDs
         self._missing: set[tuple[str, str]] = set()  # (driver, claim UID) unlisted last time
-        self.version = 0
-        self._changed = asyncio.Event()
+        self._changes = Versioned()
 
     def holds(self, resource: str, device_id: str) -> bool:
         """Whether the device (or the GPU a time-slicing replica `<id>::<n>` is of) is
@@ -48,11 +49,18 @@ class DraHoldings:
         PCI addresses: one device's the same under any resource name)."""
         return device_id in self._held or device_id.partition("::")[0] in self._held
 
-    async def wait_newer(self, version: int) -> None:
-        while self.version <= version:
-            await self._changed.wait()
+    @property
+    def version(self) -> int:
+        return self._changes.version
 
-    async def load(self, drivers: Sequence[str]) -> None:
+    async def wait_newer(self, version: int) -> None:
+        await self._changes.wait_newer(version)
+
+    async def load(self, offers: Sequence[Offer]) -> None:
+        """Take up the checkpoints of the drivers that would serve `offers`."""
+        await self.restore(sorted({o.facts().driver for o in offers}))
+
+    async def restore(self, drivers: Sequence[str]) -> None:
         """Take up the drivers' checkpoints (a corrupt one: kept aside, said, empty)."""
         for name in drivers:
             store = ClaimStore(name, self._plugins_dir, self._cdi_root)
@@ -78,15 +86,13 @@ class DraHoldings:
         )
         if held != self._held:
             self._held = held
-            self.version += 1
-            self._changed.set()
-            self._changed = asyncio.Event()
+            self._changes.bump()
 
     async def run(self) -> None:
         """Serve the drivers that hold claims for the kubelet's unprepare, and free the
         claims whose pods are gone, until none is held."""
         servers = [
-            DriverServer(d, self._registry_dir, self._plugins_dir, list, asyncio.Event)
+            DriverServer(d, self._registry_dir, self._plugins_dir, list, Versioned())
             for d in self._drivers.values()
             if d.prepared
         ]

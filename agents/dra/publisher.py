@@ -12,8 +12,8 @@ from typing import Any
 import structlog
 
 from agents.cluster.client import ApiClient, ApiError, GoneError, UnreachableError, WatchEvent
-from agents.dra.devices import DraDevices
 from agents.dra.slices import SLICES_PATH, build_slices, same_spec
+from agents.kernel.facts import FamilyFacts
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -50,8 +50,8 @@ class SlicePublisher:
         self._taints = device_taints
         self._first_retry_s, self._max_retry_s = first_retry_s, max_retry_s
         self._watch_timeout_s = watch_timeout_s
-        self._wanted: dict[str, tuple[DraDevices, dict[str, str | None]]] = {}
-        self._refused: dict[str, tuple[DraDevices, dict[str, str | None]]] = {}
+        self._wanted: dict[str, tuple[FamilyFacts, dict[str, str | None]]] = {}
+        self._refused: dict[str, tuple[FamilyFacts, dict[str, str | None]]] = {}
         self._observed: dict[str, Obj] = {}  # this node's slices, as last listed or watched
         self._written: dict[str, tuple[str, Obj]] = {}  # name: (resourceVersion, spec) we wrote
         self._node_uid = ""
@@ -59,7 +59,7 @@ class SlicePublisher:
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
 
-    def set(self, devices: DraDevices, unhealthy: Mapping[str, str | None]) -> None:
+    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, str | None]) -> None:
         """Publish `devices` of their driver, the Unhealthy ones (by name, with their
         reasons) left out or tainted. Never waits: the API calls happen in `run`."""
         self._wanted[devices.driver] = (devices, dict(unhealthy))
@@ -150,7 +150,7 @@ class SlicePublisher:
             self._refused[driver] = wanted
 
     async def _sync(
-        self, driver: str, devices: DraDevices, unhealthy: dict[str, str | None]
+        self, driver: str, devices: FamilyFacts, unhealthy: dict[str, str | None]
     ) -> None:
         """Make the driver's slices what they should be: the pool's generation goes up
         when a stored slice changes or goes, so the scheduler never mixes old and new."""
@@ -175,7 +175,7 @@ class SlicePublisher:
             log.info("resource_slice_deleted", name=name, driver=driver)
 
     def _build(
-        self, devices: DraDevices, unhealthy: dict[str, str | None], generation: int
+        self, devices: FamilyFacts, unhealthy: dict[str, str | None], generation: int
     ) -> dict[str, Obj]:
         slices = build_slices(
             self.node,

@@ -5,8 +5,6 @@ DRAResourceHealth, both 0600 and removed at exit."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,13 +24,14 @@ from agents.api import pluginregistration_pb2_grpc as reg_grpc
 from agents.dra.checkpoint import PreparedClaim
 from agents.dra.claims import ClaimError
 from agents.dra.driver import ClaimRef, Driver
+from agents.kernel.socket_server import UnixServer
+from agents.kernel.versioned import Versioned
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
-GRACE_S = 0.5
 
 
 def registration_socket(registry_dir: Path, driver: str) -> Path:
@@ -44,7 +43,7 @@ def service_socket(plugins_dir: Path, driver: str) -> Path:
 
 
 class DriverServer:
-    """Serves one driver on its two sockets until stopped."""
+    """Serves one driver on its two sockets (agents/kernel/socket_server.py) until stopped."""
 
     def __init__(
         self,
@@ -52,32 +51,41 @@ class DriverServer:
         registry_dir: Path,
         plugins_dir: Path,
         health: Callable[[], list[tuple[str, bool, str]]],
-        health_changed: Callable[[], asyncio.Event],
+        health_changes: Versioned,
     ) -> None:
         self.driver = driver
         self.registration = registration_socket(registry_dir, driver.name)
         self.service = service_socket(plugins_dir, driver.name)
         self._health = health  # (device name, healthy, why) of every published device
-        self._health_changed = health_changed
-        self._servers: list[grpc.aio.Server] = []
-        self._inodes: dict[Path, int] = {}
+        self._health_changes = health_changes
+        self._service = UnixServer(self.service, self._add_services)
+        self._registration = UnixServer(self.registration, self._add_registration)
         self.registered = False
         self.registered_once = asyncio.Event()  # the kubelet has taken the driver
         self._closing = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.driver.name
+
+    def _add_services(self, server: grpc.aio.Server) -> None:
+        v1_grpc.add_DRAPluginServicer_to_server(_Plugin(self.driver, v1), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(_Plugin(self.driver, v1beta1), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), server)
+
+    def _add_registration(self, server: grpc.aio.Server) -> None:
+        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+
+    def sockets(self) -> list[UnixServer]:
+        return [self._service, self._registration]
 
     async def start(self) -> None:
         """Service socket first: the kubelet dials it as soon as it sees the registration."""
         self._closing = asyncio.Event()
         self.service.parent.mkdir(parents=True, exist_ok=True)
         self.registration.parent.mkdir(parents=True, exist_ok=True)
-        service = grpc.aio.server()
-        v1_grpc.add_DRAPluginServicer_to_server(_Plugin(self.driver, v1), service)
-        v1beta1_grpc.add_DRAPluginServicer_to_server(_Plugin(self.driver, v1beta1), service)
-        health_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), service)
-        await self._serve(service, self.service)
-        registration = grpc.aio.server()
-        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), registration)
-        await self._serve(registration, self.registration)
+        await self._service.start()
+        await self._registration.start()
         log.info(
             "dra_driver_serving",
             driver=self.driver.name,
@@ -85,41 +93,15 @@ class DriverServer:
             service=str(self.service),
         )
 
-    async def _serve(self, server: grpc.aio.Server, path: Path) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        old_umask = os.umask(0o177)  # 0600 from the bind on
-        try:
-            server.add_insecure_port(f"unix://{path}")
-        finally:
-            os.umask(old_umask)
-        await server.start()
-        os.chmod(path, 0o600)
-        self._inodes[path] = os.stat(path).st_ino
-        self._servers.append(server)
-
     def sockets_present(self) -> bool:
         """Both of our own sockets (not stale or foreign ones) are in place."""
-        for path, inode in self._inodes.items():
-            try:
-                if os.stat(path).st_ino != inode:
-                    return False
-            except FileNotFoundError:
-                return False
-        return bool(self._inodes)
+        return self._service.present() and self._registration.present()
 
     async def stop(self) -> None:
         """Stop serving and remove our sockets (registration first). Safe to call twice."""
         self._closing.set()
-        servers, self._servers = self._servers, []
-        for server in reversed(servers):
-            await server.stop(GRACE_S)
-        for path in (self.registration, self.service):
-            if self._inodes.get(path) is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    if os.stat(path).st_ino == self._inodes[path]:
-                        path.unlink()
-        self._inodes.clear()
+        await self._registration.stop()
+        await self._service.stop()
         self.registered = False
 
     async def restart(self) -> None:
@@ -144,13 +126,13 @@ class DriverServer:
         closing = self._closing
         sent = None
         while not closing.is_set():
-            changed = self._health_changed()
+            version = self._health_changes.version
             message = self.health_message()
             listed = [(d.device.device_name, d.health) for d in message.devices]
             if listed != sent:
                 sent = listed
                 yield message
-            await first(changed.wait(), closing.wait())
+            await first(self._health_changes.wait_newer(version), closing.wait())
 
 
 class _Registration(reg_grpc.RegistrationServicer):  # type: ignore[misc]

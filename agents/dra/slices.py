@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from agents.core.node_report import DeviceHealth
-from agents.dra.devices import AttributeValue, DraDevice, DraDevices, Taint, Version
+from agents.kernel.facts import AttributeValue, DeviceFacts, FamilyFacts, Taint, Version
 
 API_VERSION = "resource.k8s.io/v1"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -22,7 +22,7 @@ NO_SCHEDULE = "NoSchedule"
 Obj = dict[str, Any]
 
 
-def unhealthy_of(devices: DraDevices, health: Iterable[DeviceHealth]) -> dict[str, str | None]:
+def unhealthy_of(devices: FamilyFacts, health: Iterable[DeviceHealth]) -> dict[str, str | None]:
     """The Unhealthy devices of `devices` by name, with their reasons, from the health
     of the family resources that serve them."""
     bad = {(h.resource, h.device_id): h.reason for h in health if not h.healthy}
@@ -46,7 +46,7 @@ def slice_name(node: str, driver: str, index: int) -> str:
 def build_slices(
     node: str,
     node_uid: str,
-    devices: DraDevices,
+    devices: FamilyFacts,
     unhealthy: Mapping[str, str | None],
     *,
     taints: bool,
@@ -88,7 +88,7 @@ def build_slices(
     ]
 
 
-def _device(device: DraDevice, taint: Taint | None) -> Obj:
+def _device(device: DeviceFacts, taint: Taint | None) -> Obj:
     out: Obj = {"name": device.name}
     if device.attributes:
         out["attributes"] = {k: _attribute(v) for k, v in device.attributes.items()}

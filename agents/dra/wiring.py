@@ -25,7 +25,8 @@ from agents.dra.driver import ClaimRef, ClaimStore
 from agents.dra.publisher import SlicePublisher
 from agents.dra.runtime import DraRuntime, DraSettings
 from agents.errors import ConfigError
-from agents.family import Family
+from agents.kernel.offer import Offer
+from agents.kernel.runtime import Host
 
 log = structlog.get_logger(__name__)
 
@@ -59,31 +60,41 @@ class ApiClaims:
         await self.client.aclose()
 
 
-async def dra_maker(
+class DraServe:
+    """Serving through DRA drivers, the node and API server known."""
+
+    pairs = False  # claims name their devices: no preferred allocations to answer
+    names_devices = True
+
+    def __init__(self, settings: DraSettings, client: ApiClient) -> None:
+        self.settings = settings
+        self.publisher = SlicePublisher(settings.node, client, device_taints=settings.device_taints)
+        self.claims = ApiClaims(client)
+
+    def runtime(self, fresh: Sequence[Offer], host: Host) -> DraRuntime:
+        settings = self.settings
+        return DraRuntime(
+            settings,
+            host.families,
+            self.publisher,
+            self.claims,
+            lambda driver: ClaimStore(driver, settings.plugins_dir, settings.cdi_root),
+            clear_capacity=functools.partial(clear_stale_zeros, self.claims.client, settings.node),
+            withheld=host.withheld,
+        )
+
+
+async def dra_serve(
     settings_of: Callable[[str], DraSettings],
     kubeconfig: Path | None,
     node_name: str | None,
     env: Mapping[str, str],
-) -> Callable[[Callable[[], Sequence[Family]]], DraRuntime]:
-    """The DRA runtime's maker for the agent. ConfigError when the node's name or the API
-    server is unknown: DRA mode has no use without them."""
+) -> DraServe:
+    """DRA, ready to serve. ConfigError when the node's name or the API server is
+    unknown: DRA mode has no use without them."""
     node = this_node(node_name, env)
     if not node:
         raise ConfigError("--api dra", "--node-name", f"this node's name (or env {NODE_NAME_ENV})")
     access = await required_access("--api dra", kubeconfig, env)
-    settings = settings_of(node)
-    client = ApiClient(access)  # one pool for slices, claims and the Node; closed by claims
-    publisher = SlicePublisher(node, client, device_taints=settings.device_taints)
-    claims = ApiClaims(client)
-
-    def make(families: Callable[[], Sequence[Family]]) -> DraRuntime:
-        return DraRuntime(
-            settings,
-            families,
-            publisher,
-            claims,
-            lambda driver: ClaimStore(driver, settings.plugins_dir, settings.cdi_root),
-            clear_capacity=functools.partial(clear_stale_zeros, claims.client, node),
-        )
-
-    return make
+    # One pool for slices, claims and the Node; closed by claims.
+    return DraServe(settings_of(node), ApiClient(access))

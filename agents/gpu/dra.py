@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agents.dra.devices import AttributeValue, DraDevice, Taint, Version, pci_attributes
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
+from agents.kernel.facts import AttributeValue, DeviceFacts, Taint, Version, pci_attributes
 
 DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"
@@ -74,11 +74,11 @@ def gpu_attributes(gpu: Gpu, driver: Driver) -> dict[str, AttributeValue]:
     return attributes
 
 
-def whole_gpu(gpu: Gpu, resource: str, driver: Driver) -> DraDevice:
+def whole_gpu(gpu: Gpu, resource: str, driver: Driver) -> DeviceFacts:
     capacity = {"memory": binary_quantity(gpu.memory_mib * 2**20)} if gpu.memory_mib else {}
     attributes: dict[str, AttributeValue] = {"type": GPU_TYPE, "uuid": gpu.uuid}
     attributes.update(gpu_attributes(gpu, driver))
-    return DraDevice(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
+    return DeviceFacts(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
 
 
 def mig_name(parent_minor: int, mig: MigInstance) -> str:
@@ -87,7 +87,7 @@ def mig_name(parent_minor: int, mig: MigInstance) -> str:
     return f"gpu-{parent_minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"
 
 
-def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> DraDevice:
+def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> DeviceFacts:
     attributes: dict[str, AttributeValue] = {
         "type": MIG_TYPE,
         "uuid": mig.uuid,
@@ -107,16 +107,16 @@ def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> Dra
     }
     for memory_slice in range(mig.placement_start, mig.placement_start + mig.placement_size):
         capacity[f"memorySlice{memory_slice}"] = "1"
-    return DraDevice(mig_name(gpu.minor, mig), resource, mig.uuid, attributes, capacity)
+    return DeviceFacts(mig_name(gpu.minor, mig), resource, mig.uuid, attributes, capacity)
 
 
 def devices(
     gpus: Iterable[Gpu], served: Iterable[tuple[str, Unit]], driver: Driver
-) -> tuple[DraDevice, ...]:
+) -> tuple[DeviceFacts, ...]:
     """The device of each served unit (resource name, unit): a whole GPU, or a MIG
     instance; a replica's GPU or instance once, under the first resource that serves it."""
     by_uuid: Mapping[str, Gpu] = {g.uuid: g for g in gpus}
-    out: dict[str, DraDevice] = {}
+    out: dict[str, DeviceFacts] = {}
     for resource, unit in served:
         gpu = by_uuid.get(unit.gpu_uuid)
         if gpu is None or unit.visible_id in out:

@@ -15,7 +15,6 @@ from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
-from agents.dra.devices import DraDevices
 from agents.errors import BackendError
 from agents.family import Family, HealthSink, Located
 from agents.gpu import dra
@@ -24,6 +23,8 @@ from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.hw.nvml import GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
+from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
+from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class GpuFamily:
                 )
         return states
 
-    def dra(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         """Each served whole GPU and MIG instance (not one taken off the node), under the
         resource that serves it."""
         served = [
@@ -165,7 +166,11 @@ class GpuFamily:
             if u.gpu_uuid not in self._gone
         ]
         found = dra.devices(self.gpus, served, self._driver)
-        return DraDevices(dra.DRIVER, found, dra.taint, dra.accepts)
+        return FamilyFacts(dra.DRIVER, found, dra.taint, dra.accepts)
+
+    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+        by_name = {r.name: r for r in self._resources}
+        return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, GpuFamily):

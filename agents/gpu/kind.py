@@ -119,7 +119,7 @@ class GpuKind:
     def discover(self, config: Config, backends: Backends, source: str) -> GpusFound:
         return discover_gpus(backends.nvml, backends.sysfs, config, source, backends.dev_root)
 
-    def for_dra(self, config: Config) -> Config:
+    def named_devices(self, config: Config) -> Config:
         """Under DRA a MIG-enabled GPU offers its instances and any other GPU itself, each
         named by UUID in the environment with its device nodes; claims share GPUs, so
         time-slicing and the keys that choose otherwise are ignored, one warning each."""

@@ -17,7 +17,8 @@ from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
 from agents.gpu.allocation import container_allocation
 from agents.gpu.plan import ResourcePlan, Unit
-from agents.plugin.resource import Inventory, listed
+from agents.kernel.catalogue import Inventory, listed
+from agents.kernel.edits import ContainerEdits
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -105,6 +106,16 @@ class GpuResource:
             )
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
+        return self._answer(units)
+
+    def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What a container gets for these units together, and each unit's device nodes."""
+        units = [self._units[i] for i in device_ids]
+        together = self._answer(units)
+        nodes = {(self._name, u.id): self._answer([u]).devices for u in units}
+        return ContainerEdits(together.envs, nodes, together.mounts)
+
+    def _answer(self, units: Sequence[Unit]) -> ContainerAllocation:
         opts = self._options
         by_index = opts.flags.device_id_strategy == "index"
         names = list(dict.fromkeys(u.index if by_index else u.visible_id for u in units))

@@ -24,9 +24,10 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
-from agents.plugin.resource import Resource, Withheld
+from agents.kernel.catalogue import Resource, Withheld
+from agents.kernel.offer import Offer
+from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.plugin.server import DevicePluginServer, socket_name
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -63,7 +64,7 @@ class PluginManager:
         self._next_waiting_log: float | None = None
         self.servers: dict[str, DevicePluginServer] = {}  # served (and to be registered)
         self.idle: dict[str, DevicePluginServer] = {}  # no devices yet: neither
-        self.check(resources)
+        self._check(resources)
         for resource in resources:
             self._add(self._server(resource))
         self._unregistered: set[str] = set(self.servers)
@@ -74,7 +75,11 @@ class PluginManager:
         # which would restart the server and cut the stream that kubelet just opened.
         self._registered_with: dict[str, tuple[int, int]] = {}
 
-    def check(self, resources: Sequence[Resource]) -> None:
+    def check(self, offers: Sequence[Offer]) -> None:
+        """Raise ConfigError if the families' resources could not be served."""
+        self._check([r for o in offers for r in o.resources()])
+
+    def _check(self, resources: Sequence[Resource]) -> None:
         """Raise ConfigError if some resource could not be served from plugin_dir, or two
         would be served under one name."""
         names = [r.name for r in resources]
@@ -94,7 +99,7 @@ class PluginManager:
         return self.plugin_dir / socket_name(resource.name)
 
     def _server(self, resource: Resource) -> DevicePluginServer:
-        self.check([resource])
+        self._check([resource])
         hook = self._before_preferred
         return DevicePluginServer(
             resource,
@@ -151,11 +156,11 @@ class PluginManager:
                     await server.stop()
                 log.info("plugins_stopped", resources=sorted(self.servers))
 
-    async def replace(self, resources: Sequence[Resource], unchanged: Collection[str]) -> None:
-        """Serve `resources` from now on. A resource named in `unchanged` keeps its server
-        and streams; the others register anew (served afresh if the kubelet streams them),
-        and a resource that is no longer there stops being served."""
-        wanted = {r.name: r for r in resources}
+    async def replace(self, offers: Sequence[Offer], unchanged: Collection[str]) -> None:
+        """Serve the resources of `offers` from now on. A resource named in `unchanged`
+        keeps its server and streams; the others register anew (served afresh if the
+        kubelet streams them), and a resource that is no longer there stops being served."""
+        wanted = {r.name: r for o in offers for r in o.resources()}
         for name in [n for n in [*self.servers, *self.idle] if n not in wanted]:
             gone = self.servers.pop(name, None) or self.idle.pop(name)
             self._unregistered.discard(name)

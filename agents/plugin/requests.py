@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agents.errors import AllocationError, Code
-from agents.plugin.resource import Inventory
+from agents.kernel.catalogue import Inventory
 
 
 def _no_duplicates(ids: Sequence[str], what: str) -> set[str]:

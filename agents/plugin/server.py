@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -18,9 +16,11 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.core.device import Device
 from agents.errors import AllocationError, Code
+from agents.kernel.catalogue import Inventory, Resource, Withheld
+from agents.kernel.socket_server import GRACE_S, UnixServer
+from agents.kernel.telemetry import NoTelemetry, Telemetry
+from agents.kernel.versioned import Versioned
 from agents.plugin import requests, wire
-from agents.plugin.resource import Inventory, Resource, Withheld
-from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -31,8 +31,6 @@ _CODES = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 T = TypeVar("T")
-START_ATTEMPTS = 5
-PROBE_S = 2.0  # a served socket answers in milliseconds; longer means it is gone
 
 
 def socket_name(resource: str) -> str:
@@ -67,17 +65,19 @@ class DevicePluginServer:
         self.socket_path = plugin_dir / socket_name(resource.name)
         self._on_stream_lost = on_stream_lost
         self._telemetry = telemetry or NoTelemetry()
-        self._server: Any = None
+        self._socket = UnixServer(self.socket_path, self._add_servicer)
         self._closing = asyncio.Event()
         self._streams = 0
         self._expecting_kubelet = False
-        self._swapped = asyncio.Event()
+        self._swaps = Versioned()  # the resource replaced
         self._frozen: asyncio.Event | None = None  # streams of this serving send no more
-        self._socket_inode: int | None = None
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._socket.serving
+
+    def _add_servicer(self, server: grpc.aio.Server) -> None:
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
 
     @property
     def open_streams(self) -> int:
@@ -100,69 +100,22 @@ class DevicePluginServer:
         self.resource = resource
         if not streams_follow:
             self._frozen = self._closing
-        self._swapped.set()
-        self._swapped = asyncio.Event()
+        self._swaps.bump()
 
     def socket_present(self) -> bool:
         """True while our own socket file (not a stale or foreign one) is in place."""
-        try:
-            return os.stat(self.socket_path).st_ino == self._socket_inode
-        except FileNotFoundError:
-            return False
+        return self._socket.present()
 
     async def start(self) -> None:
-        """Serve on a fresh socket; bind again if a starting kubelet removes it meanwhile."""
-        for _ in range(START_ATTEMPTS):
-            if await self._serve_once():
-                log.info(
-                    "plugin_serving", resource=self.resource.name, socket=str(self.socket_path)
-                )
-                return
-            # The kubelet clears the directory as it starts; it will not do so twice.
-            log.warning("plugin_socket_vanished", resource=self.resource.name)
-        raise RuntimeError(f"{self.socket_path} kept vanishing while the server started")
-
-    async def _serve_once(self) -> bool:
-        """Bind, serve and probe once; False (and nothing served) if the socket vanished."""
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        """Serve on a fresh socket (agents/kernel/socket_server.py); returns once it answers."""
         self._closing = asyncio.Event()
-        server = grpc.aio.server()
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
-        # Created 0600 from the first instant: the umask covers the bind itself.
-        old_umask = os.umask(0o177)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-        finally:
-            os.umask(old_umask)
-        await server.start()
-        self._server = server
-        try:
-            os.chmod(self.socket_path, 0o600)
-            self._socket_inode = os.stat(self.socket_path).st_ino
-            await self._wait_answering()
-        except (FileNotFoundError, grpc.aio.AioRpcError):
-            if self.socket_present():
-                raise
-            await self.stop()
-            return False
-        return True
+        await self._socket.start()
+        log.info("plugin_serving", resource=self.resource.name, socket=str(self.socket_path))
 
-    async def _wait_answering(self) -> None:
-        async with grpc.aio.insecure_channel(f"unix://{self.socket_path}") as channel:
-            stub = pb_grpc.DevicePluginStub(channel)
-            await stub.GetDevicePluginOptions(pb.Empty(), timeout=PROBE_S, wait_for_ready=True)
-
-    async def stop(self, grace: float = 0.5) -> None:
+    async def stop(self, grace: float = GRACE_S) -> None:
         """End open streams, stop serving and remove our socket. Safe to call twice."""
         self._closing.set()
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
-        if self.socket_present():
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-        self._socket_inode = None
+        await self._socket.stop(grace)
 
     async def restart(self) -> None:
         await self.stop()
@@ -196,7 +149,11 @@ class DevicePluginServer:
                     sent, listed = inventory.version, visible
                     yield wire.list_message(listed)
                     continue
-                waits = [inventory.wait_newer(sent), closing.wait(), self._swapped.wait()]
+                waits = [
+                    inventory.wait_newer(sent),
+                    closing.wait(),
+                    self._swaps.wait_newer(self._swaps.version),
+                ]
                 if withheld is not None:
                     waits.append(withheld.wait_newer(held))
                 await first(*waits)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from agents.dra.devices import OURS, AttributeValue, DraDevice, Taint, pci_attributes
 from agents.hw.lldp import Neighbour
+from agents.kernel.facts import OURS, AttributeValue, DeviceFacts, Taint, pci_attributes
 from agents.roce.discovery import Nic
 
 DRIVER = "roce.node-agents.io"
@@ -22,7 +22,7 @@ def nic_name(pci: str) -> str:
 
 def devices(
     nics: Iterable[Nic], resource: str, neighbours: Mapping[str, Neighbour] | None = None
-) -> tuple[DraDevice, ...]:
+) -> tuple[DeviceFacts, ...]:
     """The NICs' devices; a NIC whose netdev has a neighbour in `neighbours` also names
     its leaf switch and port."""
     out = []
@@ -30,7 +30,7 @@ def devices(
         attributes: dict[str, AttributeValue] = {"ifName": nic.netdev, "rdmaDevice": nic.rdma}
         attributes.update(pci_attributes(nic.pci, nic.location, nic.numa))
         attributes.update(leaf_attributes((neighbours or {}).get(nic.netdev)))
-        out.append(DraDevice(nic_name(nic.pci), resource, nic.pci, attributes))
+        out.append(DeviceFacts(nic_name(nic.pci), resource, nic.pci, attributes))
     return tuple(out)
 
 

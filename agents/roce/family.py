@@ -20,11 +20,12 @@ from agents.core.debounce import Debouncer
 from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
-from agents.dra.devices import DraDevices
 from agents.family import Family, HealthSink, Located
 from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
+from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
+from agents.kernel.facts import FamilyFacts
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
@@ -112,9 +113,13 @@ class RoceFamily:
         own = {"roce.count": str(len(self._nics)), "roce.healthy": str(healthy)}
         return own | self.fabric.labels()  # the fabric's keys carry their own prefixes
 
-    def dra(self) -> DraDevices:
+    def facts(self) -> FamilyFacts:
         devices = dra.devices(self._nics, self._resource.name, self.fabric.neighbours)
-        return DraDevices(dra.DRIVER, devices, dra.taint)
+        return FamilyFacts(dra.DRIVER, devices, dra.taint)
+
+    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+        by_name = {r.name: r for r in self.resources()}
+        return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
 
     async def run(self) -> None:
         """Keep health, the NIC list and their neighbours current until cancelled."""

@@ -23,7 +23,7 @@ class RoceKind:
     def discover(self, config: Config, backends: Backends, source: str) -> NicsFound:
         return discover_nics(backends.sysfs, config)
 
-    def for_dra(self, config: Config) -> Config:
+    def named_devices(self, config: Config) -> Config:
         """Under DRA the NICs are the driver's devices, not a named resource: a configured
         resourceName is ignored, with a warning."""
         if config.roce.resource_name == Roce().resource_name:

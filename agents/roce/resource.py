@@ -9,7 +9,8 @@ from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
-from agents.plugin.resource import Inventory, listed
+from agents.kernel.catalogue import Inventory, listed
+from agents.kernel.edits import ContainerEdits
 from agents.roce.discovery import Nic
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
@@ -58,9 +59,17 @@ class RoceResource:
         )
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        nics = [self.nics[i] for i in device_ids]
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
+        return self._answer([self.nics[i] for i in device_ids])
+
+    def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What a container gets for these NICs together, and each NIC's device nodes."""
+        together = self._answer([self.nics[i] for i in device_ids])
+        nodes = {(self._name, i): self._answer([self.nics[i]]).devices for i in device_ids}
+        return ContainerEdits(together.envs, nodes, together.mounts)
+
+    def _answer(self, nics: Sequence[Nic]) -> ContainerAllocation:
         paths = [f"/dev/infiniband/{n.uverbs}" for n in nics] + [RDMA_CM]
         return ContainerAllocation(
             envs={

@@ -7,19 +7,19 @@ import dataclasses
 import json
 
 from agents.config import Config
-from agents.dra.devices import Version
 from agents.gpu.family import GpuFamily
 from agents.gpu.kind import GpuKind, discover_gpus, give_back
 from agents.hw.nvml_backend import NvmlBackend
 from agents.hw.sysfs import Sysfs
+from agents.kernel.facts import Version
 
 
 def main() -> None:
     nvml = NvmlBackend()
-    config = GpuKind().for_dra(Config.default())
+    config = GpuKind().named_devices(Config.default())
     found = discover_gpus(nvml, Sysfs(), config, "probe")
     try:
-        published = GpuFamily(nvml, found, config).dra()
+        published = GpuFamily(nvml, found, config).facts()
     finally:
         give_back(nvml)
     devices = [

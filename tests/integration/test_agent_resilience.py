@@ -21,8 +21,8 @@ from structlog.testing import LogCapture
 from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
+from agents.kernel.catalogue import Inventory
 from agents.plugin.manager import WAITING_LOG_S, PluginManager
-from agents.plugin.resource import Inventory
 from agents.standin.kubelet import Kubelet
 from agents.tasks import until
 from tests.conditions import async_wait_until

@@ -15,7 +15,8 @@ from typing import Any
 
 from agents.api import dra_health_pb2
 from agents.core.xid import HOLD_S
-from agents.dra.runtime import HELD_POLL_S, REGISTRATION_WAIT_S
+from agents.dra.runtime import REGISTRATION_WAIT_S
+from agents.plugin.leftovers import HELD_POLL_S
 from agents.standin.admission import AllocatedContainer, PodAllocation
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,

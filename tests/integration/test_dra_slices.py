@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agents.cluster.client import Access, ApiClient
-from agents.dra.devices import DraDevice, DraDevices, Taint, Version
 from agents.dra.publisher import SlicePublisher
+from agents.kernel.facts import DeviceFacts, FamilyFacts, Taint, Version
 from tests.conditions import async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer
 
@@ -29,9 +29,9 @@ def _taint(reason: str | None) -> Taint:
     return Taint(f"{DRIVER}/gpu-lost")
 
 
-def _gpus(n: int, driver: str = DRIVER) -> DraDevices:
+def _gpus(n: int, driver: str = DRIVER) -> FamilyFacts:
     devices = tuple(
-        DraDevice(
+        DeviceFacts(
             f"gpu-{i}",
             "nvidia.com/gpu",
             f"GPU-{i}",
@@ -46,7 +46,7 @@ def _gpus(n: int, driver: str = DRIVER) -> DraDevices:
         )
         for i in range(n)
     )
-    return DraDevices(driver, devices, _taint)
+    return FamilyFacts(driver, devices, _taint)
 
 
 def _ours(server: ApiServer, driver: str = DRIVER) -> list[dict[str, object]]:

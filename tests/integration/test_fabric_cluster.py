@@ -20,7 +20,7 @@ from agents.cluster.access import Access
 from agents.cluster.client import ApiClient
 from agents.cluster.node_labels import NodeLabeller
 from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
-from agents.plugin.resource import Inventory
+from agents.kernel.catalogue import Inventory
 from tests.conditions import async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer, write_kubeconfig
 

@@ -101,7 +101,7 @@ async def test_a_node_without_lldp_gets_no_fabric_labels_and_says_fabric_unknown
             said = lambda: [e for e in logs if e["event"] == "fabric_unknown"]  # noqa: E731
             await async_wait_until(said, WAIT, "fabric_unknown")
             assert family.labels() == {"roce.count": "4", "roce.healthy": "4"}
-            assert all(LEAF_SWITCH not in d.attributes for d in family.dra().devices)
+            assert all(LEAF_SWITCH not in d.attributes for d in family.facts().devices)
 
             # Heard, then lost again: said once more, after the same wait.
             doc = yaml.safe_load(node_file.read_text())

@@ -15,8 +15,8 @@ from agents.config import parse_config
 from agents.core.ledger import GPU, NIC
 from agents.core.topology import PciLocation
 from agents.daemon import Agent
+from agents.kernel.kubelet_facts import CheckpointFile, PodResources
 from agents.pairing import Pairing
-from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.sim.bundled import bundled_node
 from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, write_checkpoint
 from agents.standin.podresources import PodResourcesServer

@@ -18,7 +18,7 @@ import pytest
 import structlog.testing
 
 from agents.api import api_pb2, api_pb2_grpc
-from agents.plugin.kubelet_facts import PodResources, listing_of
+from agents.kernel.kubelet_facts import PodResources, listing_of
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from tests.conditions import async_wait_until
 

@@ -1,6 +1,6 @@
 """What the GPU and RoCE families publish for DRA on the bundled simulated nodes: valid,
 unique names, the attribute limits, the exact attributes of a GPU, a MIG instance and a
-NIC, the switch and root attributes against the node file, taints, and for_dra."""
+NIC, the switch and root attributes against the node file, taints, and named_devices."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 from structlog.testing import capture_logs
 
 from agents.config import Config, Flags, Roce, Sharing, TimeSlicedResource, TimeSlicing
-from agents.dra.devices import (
+from agents.gpu.dra import binary_quantity, semantic, taint
+from agents.gpu.kind import GpuKind
+from agents.kernel.facts import (
     NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
     PCIE_SWITCH,
-    DraDevice,
+    DeviceFacts,
     Taint,
     Version,
 )
-from agents.gpu.dra import binary_quantity, semantic, taint
-from agents.gpu.kind import GpuKind
 from agents.roce import dra as roce_dra
 from agents.roce.kind import RoceKind
 from agents.sim.bundled import bundled_node, bundled_nodes
@@ -31,17 +31,19 @@ from tests.families import gpu_family, roce_family
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-def _published(name: str, tmp_path: Path) -> tuple[SimulatedNode, list[DraDevice], list[DraDevice]]:
+def _published(
+    name: str, tmp_path: Path
+) -> tuple[SimulatedNode, list[DeviceFacts], list[DeviceFacts]]:
     node = SimulatedNode(bundled_node(name), tmp_path)
     node.load()
     gpus = gpu_family(
-        node.nvml, node.sysfs, GpuKind().for_dra(Config.default()), dev_root=node.dev_root
+        node.nvml, node.sysfs, GpuKind().named_devices(Config.default()), dev_root=node.dev_root
     )
-    nics = roce_family(node.sysfs, node.links, RoceKind().for_dra(Config.default()))
-    return node, list(gpus.dra().devices), list(nics.dra().devices)
+    nics = roce_family(node.sysfs, node.links, RoceKind().named_devices(Config.default()))
+    return node, list(gpus.facts().devices), list(nics.facts().devices)
 
 
-def check_devices(devices: list[DraDevice]) -> None:
+def check_devices(devices: list[DeviceFacts]) -> None:
     """The limits the API server holds a ResourceSlice's devices to."""
     names = [d.name for d in devices]
     assert len(names) == len(set(names))
@@ -173,15 +175,15 @@ def test_versions_and_quantities_read_as_the_api_server_expects() -> None:
     assert binary_quantity(1) == "1"
 
 
-def test_for_dra_sets_back_what_claims_decide_and_warns_once_for_each() -> None:
+def test_named_devices_sets_back_what_claims_decide_and_warns_once_for_each() -> None:
     config = Config(
         flags=Flags(mig_strategy="single", device_id_strategy="index", pass_device_specs=False),
         sharing=Sharing(TimeSlicing(resources=(TimeSlicedResource("nvidia.com/gpu", 4),))),
         roce=Roce(resource_name="rdma/fast"),
     )
     with capture_logs() as logs:
-        gpu = GpuKind().for_dra(config)
-        roce = RoceKind().for_dra(config)
+        gpu = GpuKind().named_devices(config)
+        roce = RoceKind().named_devices(config)
     warned = [e["key"] for e in logs if e["event"] == "dra_ignores_key"]
     assert warned == ["sharing.timeSlicing", "migStrategy", "deviceIDStrategy", "roce.resourceName"]
     assert gpu.flags.mig_strategy == "mixed" and gpu.flags.device_id_strategy == "uuid"
@@ -189,6 +191,6 @@ def test_for_dra_sets_back_what_claims_decide_and_warns_once_for_each() -> None:
     assert gpu.sharing == Sharing() and gpu.roce == config.roce and gpu.health == config.health
     assert roce.roce.resource_name == "rdma/roce" and roce.flags == config.flags
     with capture_logs() as logs:
-        GpuKind().for_dra(Config.default())
-        RoceKind().for_dra(Config.default())
+        GpuKind().named_devices(Config.default())
+        RoceKind().named_devices(Config.default())
     assert not logs

@@ -8,7 +8,7 @@ from pathlib import Path
 from agents.core.device import DeviceSpec
 from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from agents.dra.holdings import DraHoldings
-from agents.plugin.kubelet_facts import PodResources
+from agents.kernel.kubelet_facts import PodResources
 
 NODE = (DeviceSpec("/dev/null", "/dev/null"),)
 
@@ -21,7 +21,7 @@ async def test_held_devices_and_their_replicas_are_withheld(tmp_path: Path) -> N
     path = tmp_path / "gpu.nvidia.com" / "checkpoint.json"
     ClaimCheckpoint(path).save({"u": PreparedClaim("ns", "c", devices)})
     holdings = DraHoldings(tmp_path, tmp_path / "registry", tmp_path / "cdi", PodResources(None))
-    await holdings.load(["gpu.nvidia.com", "roce.node-agents.io"])
+    await holdings.restore(["gpu.nvidia.com", "roce.node-agents.io"])
     assert holdings.holds("nvidia.com/gpu", "GPU-0")
     assert holdings.holds("nvidia.com/gpu", "GPU-0::3")
     assert not holdings.holds("nvidia.com/gpu", "GPU-1")  # adminAccess
@@ -36,6 +36,6 @@ async def test_a_corrupt_checkpoint_holds_nothing_and_is_kept_aside(tmp_path: Pa
     path.parent.mkdir()
     path.write_text("{not json")
     holdings = DraHoldings(tmp_path, tmp_path / "registry", tmp_path / "cdi", PodResources(None))
-    await holdings.load(["gpu.nvidia.com"])
+    await holdings.restore(["gpu.nvidia.com"])
     assert not holdings.holds("nvidia.com/gpu", "GPU-0")
     assert path.with_name("checkpoint.json.corrupt").read_text() == "{not json"

@@ -8,13 +8,13 @@ from fractions import Fraction
 import pytest
 
 from agents.core.node_report import DeviceHealth
-from agents.dra.devices import DraDevice, DraDevices, Taint
 from agents.dra.slices import build_slices, quantity, same_spec, slice_name, unhealthy_of
+from agents.kernel.facts import DeviceFacts, FamilyFacts, Taint
 
-GPUS = DraDevices(
+GPUS = FamilyFacts(
     "gpu.nvidia.com",
     tuple(
-        DraDevice(f"gpu-{i}", "nvidia.com/gpu", f"GPU-{i}", {}, {"memory": "81920Mi"})
+        DeviceFacts(f"gpu-{i}", "nvidia.com/gpu", f"GPU-{i}", {}, {"memory": "81920Mi"})
         for i in range(2)
     ),
     lambda reason: Taint("gpu.nvidia.com/xid", (reason or "").removeprefix("xid=")),

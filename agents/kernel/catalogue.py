@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, KeysView, Sequence
 from typing import Protocol
 
 from agents.core.device import ContainerAllocation, Device
+from agents.kernel.versioned import Versioned
 
 
-class Inventory:
+class Inventory(Versioned):
     """The device list of one resource; every change bumps the version and wakes waiters.
 
     Used from the event loop only.
@@ -18,16 +18,11 @@ class Inventory:
     def __init__(self, devices: Iterable[Device] = ()) -> None:
         self._devices = tuple(sorted(devices))
         self._by_id = {d.id: d for d in self._devices}  # requests look up every ID they name
-        self._version = 0
-        self._changed = asyncio.Event()
+        super().__init__()
 
     @property
     def devices(self) -> tuple[Device, ...]:
         return self._devices
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     def get(self, device_id: str) -> Device | None:
         return self._by_id.get(device_id)
@@ -43,22 +38,13 @@ class Inventory:
             return False
         self._devices = new
         self._by_id = {d.id: d for d in new}
-        self._version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self.bump()
         return True
 
     def touch(self) -> None:
         """Wake waiters with the list unchanged: what is said of its devices besides the
         list (DRA attributes, node labels) changed. ListAndWatch sends nothing for it."""
-        self._version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def wait_newer(self, version: int) -> None:
-        """Return once the version is newer than `version`."""
-        while self._version <= version:
-            await self._changed.wait()
+        self.bump()
 
 
 def listed(inventory: Inventory) -> tuple[tuple[str, int | None], ...]:

@@ -1,6 +1,7 @@
-"""What a family publishes through DRA: one driver's devices with their attributes and
-capacities, each tied to the family resource (and device ID) that serves and watches it.
-Free of any wire format; agents/dra/slices.py turns it into ResourceSlices."""
+"""What a family says of its devices, whatever API serves them: each device's name,
+attributes and capacities, tied to the family resource (and device ID) that serves and
+watches it, under the name (a DRA driver's) its attributes are published in. Free of
+any wire format; agents/dra/slices.py turns it into ResourceSlices."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class Taint:
 
 
 @dataclass(frozen=True)
-class DraDevice:
-    """One published device. Attribute names without a domain belong to the driver's."""
+class DeviceFacts:
+    """One device's facts. Attribute names without a domain belong to the driver's."""
 
     name: str  # a DNS label, unique within the driver on this node: gpu-0
     resource: str  # the family resource that serves it (health, container edits)
@@ -52,12 +53,12 @@ def takes_none(parameters: Mapping[str, object]) -> str:
 
 
 @dataclass(frozen=True)
-class DraDevices:
-    """A family's devices as one DRA driver publishes them, and how an Unhealthy one's
-    reason (DeviceHealth.reason: "xid=79", "lost", "link_down") reads as a taint."""
+class FamilyFacts:
+    """A family's devices and their facts, and how an Unhealthy one's reason
+    (DeviceHealth.reason: "xid=79", "lost", "link_down") reads as a taint."""
 
     driver: str  # gpu.nvidia.com
-    devices: tuple[DraDevice, ...]
+    devices: tuple[DeviceFacts, ...]
     taint: Callable[[str | None], Taint]
     # An opaque claim config's parameters: None if the driver takes them, else why not.
     accepts: Callable[[Mapping[str, object]], str | None] = field(default=takes_none)

@@ -1,0 +1,22 @@
+"""The kubelet APIs this agent can serve its families through, by name: the one list to
+extend, as agents/families.py is of families. The first is the default."""
+
+from __future__ import annotations
+
+from agents.dra.api import DraApi
+from agents.errors import ConfigError
+from agents.kernel.runtime import Api, Serve
+from agents.plugin.api import DevicePluginApi, DevicePlugins
+
+APIS: tuple[Api, ...] = (DevicePluginApi(), DraApi())
+
+# What the first API serves with no command line (an agent built in-process).
+PLAIN: Serve = DevicePlugins()
+
+
+def api_named(name: str) -> Api:
+    """The API `--api` names; ConfigError for any other."""
+    for api in APIS:
+        if api.name == name:
+            return api
+    raise ConfigError("--api", name, f"any of {', '.join(a.name for a in APIS)}")

@@ -1,0 +1,136 @@
+"""One gRPC server on one unix socket, the way the kubelet's sockets want it: a stale
+socket removed, mode 0600 from the bind on, `start()` returning only once the socket
+answers, `stop()` safe twice; and `keep_serving`, which serves again on a fresh socket
+when someone deletes ours (a starting kubelet cleans its directories), noticed by inotify.
+Both runtimes create their sockets here and nowhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+import structlog
+
+from agents.errors import BackendError
+from agents.hw.inotify import Change, DirectoryWatch
+from agents.tasks import first
+
+log = structlog.get_logger(__name__)
+
+START_ATTEMPTS = 5
+PROBE_S = 2.0  # a served socket answers in milliseconds; longer means it is gone
+GRACE_S = 0.5  # how long stopping lets calls in flight finish
+UNWATCHED_CHECK_S = 2.0  # how often sockets are looked for when inotify cannot watch
+
+Servicers = Callable[[grpc.aio.Server], None]  # adds the services to a fresh server
+
+
+class UnixServer:
+    """Serves `servicers` on the unix socket `path`. Used from the event loop."""
+
+    def __init__(self, path: Path, servicers: Servicers) -> None:
+        self.path = path
+        self._servicers = servicers
+        self._server: grpc.aio.Server | None = None
+        self._inode: int | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def present(self) -> bool:
+        """True while our own socket file (not a stale or foreign one) is in place."""
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except FileNotFoundError:
+            return False
+
+    async def start(self) -> None:
+        """Serve on a fresh socket; bind again if someone (a starting kubelet clearing
+        its directory) removes it before it answers. RuntimeError if that goes on."""
+        for _ in range(START_ATTEMPTS):
+            if await self._serve_once():
+                return
+            # The kubelet clears the directory as it starts; it will not do so twice.
+            log.warning("socket_vanished_while_starting", socket=str(self.path))
+        raise RuntimeError(f"{self.path} kept vanishing while the server started")
+
+    async def _serve_once(self) -> bool:
+        """Bind, serve and probe once; False (and nothing served) if the socket vanished."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        server = grpc.aio.server()
+        self._servicers(server)
+        # Created 0600 from the first instant: the umask covers the bind itself.
+        old_umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        finally:
+            os.umask(old_umask)
+        await server.start()
+        self._server = server
+        try:
+            os.chmod(self.path, 0o600)
+            self._inode = os.stat(self.path).st_ino
+            await self._wait_answering()
+        except (FileNotFoundError, TimeoutError):
+            if self.present():
+                raise
+            await self.stop()
+            return False
+        return True
+
+    async def _wait_answering(self) -> None:
+        async with grpc.aio.insecure_channel(f"unix://{self.path}") as channel:
+            async with asyncio.timeout(PROBE_S):
+                await channel.channel_ready()
+
+    async def stop(self, grace: float = GRACE_S) -> None:
+        """Stop serving and remove our socket (not one put there since). Safe twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        if self.present():
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        self._inode = None
+
+
+class Kept(Protocol):
+    """Something served on sockets that `keep_serving` watches."""
+
+    @property
+    def name(self) -> str: ...
+
+    def sockets(self) -> Sequence[UnixServer]: ...
+
+    async def restart(self) -> None: ...
+
+
+async def keep_serving(kept: Callable[[], Iterable[Kept]], *, event: str) -> None:
+    """Serve again whatever of `kept` lost a socket (logged as `event`), until cancelled.
+    The sockets' directories are watched with inotify: nothing runs while they stay."""
+    while True:
+        now = list(kept())
+        dirs = {s.path.parent for k in now for s in k.sockets()}
+        try:
+            watches = [DirectoryWatch(d, Change.DELETED | Change.DIR_GONE) for d in sorted(dirs)]
+        except BackendError:  # a directory gone (serving again makes it anew), or no watch
+            watches = []
+        try:
+            if not watches:
+                await asyncio.sleep(UNWATCHED_CHECK_S)
+            elif all(s.present() for k in now for s in k.sockets()):
+                await first(*(w.changed() for w in watches))
+            for item in now:
+                if not all(s.present() for s in item.sockets()):
+                    log.warning(event, name=item.name)
+                    await item.restart()
+        finally:
+            for watch in watches:
+                watch.close()

@@ -1,0 +1,102 @@
+"""The one unix-socket server lifecycle both runtimes use (agents/kernel/socket_server.py),
+over real gRPC on real sockets: a stale socket replaced, 0600, answering once start()
+returns, stop() safe twice and sparing a foreign socket, and served again when deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agents.api import pluginregistration_pb2 as reg_pb
+from agents.api import pluginregistration_pb2_grpc as reg_grpc
+from agents.kernel.socket_server import UnixServer, keep_serving
+from tests.conditions import async_wait_until
+
+
+class _Info(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+    async def GetInfo(self, request: Any, context: Any) -> Any:
+        return reg_pb.PluginInfo(type="Test", name="socket-server")
+
+
+def _add(server: grpc.aio.Server) -> None:
+    reg_grpc.add_RegistrationServicer_to_server(_Info(), server)
+
+
+async def _name(path: Path) -> str:
+    """The served name, asked without waiting for the socket to become ready."""
+    async with grpc.aio.insecure_channel(f"unix://{path}") as channel:
+        info = await reg_grpc.RegistrationStub(channel).GetInfo(
+            reg_pb.InfoRequest(), timeout=5, wait_for_ready=False
+        )
+    return str(info.name)
+
+
+async def test_a_stale_socket_is_replaced_and_ours_answers_with_mode_0600_once_started(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sock"
+    path.write_text("stale")
+    server = UnixServer(path, _add)
+    await server.start()
+    try:
+        assert await _name(path) == "socket-server"
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert server.present() and server.serving  # the stale file (not a socket) is gone
+    finally:
+        await server.stop()
+
+
+async def test_stop_is_safe_twice_and_leaves_a_socket_that_is_not_ours(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    server = UnixServer(path, _add)
+    await server.start()
+    await server.stop()
+    await server.stop()
+    assert not path.exists() and not server.serving
+    await server.start()
+    path.unlink()
+    path.write_text("someone else's")
+    assert not server.present()
+    await server.stop()
+    assert path.read_text() == "someone else's"
+
+
+class _Kept:
+    def __init__(self, server: UnixServer) -> None:
+        self.server = server
+        self.restarts = 0
+
+    @property
+    def name(self) -> str:
+        return "kept"
+
+    def sockets(self) -> Sequence[UnixServer]:
+        return [self.server]
+
+    async def restart(self) -> None:
+        self.restarts += 1
+        await self.server.stop()
+        await self.server.start()
+
+
+async def test_a_deleted_socket_is_served_again(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    kept = _Kept(UnixServer(path, _add))
+    await kept.server.start()
+    keeping = asyncio.create_task(keep_serving(lambda: [kept], event="test_socket_removed"))
+    try:
+        # Deleted before or after the watch is set up: either way it is served again.
+        path.unlink()
+        await async_wait_until(lambda: kept.restarts == 1 and kept.server.present(), 10, "served")
+        assert await _name(path) == "socket-server"
+    finally:
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        await kept.server.stop()
