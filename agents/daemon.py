@@ -28,6 +28,7 @@ from agents.plugin.kubelet_facts import CheckpointFile, PodResources
 from agents.plugin.manager import PluginManager
 from agents.plugin.telemetry import NoTelemetry, Telemetry
 from agents.tasks import Supervisor, cause, off_loop, until
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
@@ -83,6 +84,7 @@ class Agent:
     dra_holdings: DraHoldings | None = None
     # --label-node: the fabric's labels patched onto this node's Node.
     node_labeller: NodeLabeller | None = None
+    timing: Timing = PRODUCTION  # the production hold times and probe periods; tests shorten them
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
@@ -185,7 +187,7 @@ class Agent:
         side = None
         if self.pairing is not None and kind.pairs_as is not None and config.pairing.enabled:
             side = self.pairing.side(kind.pairs_as)
-        return Context(self.backends, self.health, side)
+        return Context(self.backends, self.health, side, self.timing)
 
     def _adopt(self, family: Family, config: Config) -> None:
         """Make `family` the agent's, and tell pairing where its devices are."""

@@ -16,6 +16,7 @@ from agents.core.ledger import PairingSide
 from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
 from agents.plugin.resource import Resource
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.backends import Backends
@@ -58,6 +59,7 @@ class Context:
     backends: Backends
     health: HealthSink
     pairing: PairingSide | None  # None: this family is not paired
+    timing: Timing = PRODUCTION  # hold times and probe periods
 
 
 class Family(Protocol):

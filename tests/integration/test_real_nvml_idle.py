@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from agents.gpu.family import PROBE_INTERVAL_S
 from agents.standin.kubelet import Kubelet
+from agents.timing import PROBE_INTERVAL_S
 from tests.conditions import async_wait_until
 from tests.nvml.harness import Lab, health, start_agent, unhealthy
 
