@@ -26,7 +26,7 @@ WITHIN_S = 5.0
 
 def _round_trip(
     watcher: Watcher,
-    inject: Callable[[], None],
+    inject: Callable[[], object],
     device: str,
     health: str,
 ) -> float:

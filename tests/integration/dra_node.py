@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.integration.conftest import AgentProcess
 from tests.standin.apiserver import ApiServer, write_kubeconfig
 from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
@@ -19,7 +20,6 @@ from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
 NODE = "dra-node-1"
 GPU = "gpu.nvidia.com"
 NIC = "roce.node-agents.io"
-WAIT = 20.0  # a process start on a loaded 2-core machine
 Obj = dict[str, Any]
 
 

@@ -25,8 +25,8 @@ from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Kubelet
 from agents.timing import PRODUCTION, Timing
+from tests.conditions import WAIT
 
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 CONFIG_SOURCE = "gpu-test-config.yaml"
 
 

@@ -22,14 +22,13 @@ from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.standin.kubelet import Container, Kubelet, Pod
 from agents.timing import Timing
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.families import plugin_manager, running_family
 from tests.timing import SHORT
 
 GPU = "nvidia.com/gpu"
 NIC = "rdma/roce"
 FAULT_SEEN_WITHIN = 1.0  # a node-file edit takes effect within one second
-WAIT = 5.0
 
 EditNode = Callable[..., None]
 

@@ -23,7 +23,7 @@ from agents.daemon import Agent
 from agents.families import parse_families
 from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.families import running_family
 from tests.standin.apiserver import ApiServer
 from tests.timing import SHORT
@@ -39,7 +39,6 @@ pytestmark = [
 NODE = "roce-node-1"
 NIC = "rdma/roce"
 PEER = "naflpeer0"
-WAIT = 10.0
 FLAP_S = 0.2  # the link is down this long, then up this long
 
 

@@ -24,7 +24,8 @@ from agents.standin.checkpoint import (
     write_checkpoint,
 )
 from agents.standin.podresources import PodResourcesServer
-from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node, ref
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node, ref
 from tests.standin.apistore import MERGE
 
 __all__ = ["dra_node"]
@@ -256,7 +257,7 @@ async def test_a_restart_keeps_prepared_claims_rewrites_their_specs_and_frees_go
 
     async def heir_prepared() -> bool:
         answer = await dra_node.kubelet.prepare(GPU, [ref("heir")])
-        return answer.claims["heir"].error == ""
+        return not answer.claims["heir"].error
 
     deadline = time.monotonic() + WAIT
     while not await heir_prepared():

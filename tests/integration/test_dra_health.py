@@ -19,7 +19,8 @@ import pytest
 from agents.api import dra_health_pb2
 from agents.core.xid import HOLD_S
 from agents.roce.dra import nic_name
-from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node
 from tests.veth import ip, node_on_netdev, veth_pair
 
 __all__ = ["dra_node"]

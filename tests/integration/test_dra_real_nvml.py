@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from agents.core.xid import HOLD_S
-from tests.integration.dra_node import GPU, WAIT, DraNode, dra_node, ref
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, DraNode, dra_node, ref
 from tests.nvml import mig
 from tests.nvml.harness import Lab, lab_for
 from tests.nvml.state import Mig

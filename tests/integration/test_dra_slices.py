@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,12 +14,11 @@ import pytest
 from agents.cluster.client import Access, ApiClient
 from agents.dra.devices import DraDevice, DraDevices, Taint, Version
 from agents.dra.publisher import SlicePublisher
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer
 
 NODE = "node-1"
 DRIVER = "gpu.nvidia.com"
-WAIT = 10.0
 SLICES = "resourceslices"
 
 
@@ -63,20 +61,6 @@ def _names(server: ApiServer) -> list[str]:
 
 def _writes(server: ApiServer) -> int:
     return sum(server.count(v, SLICES) for v in ("create", "update", "delete"))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer((NODE,))
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
-    async with ApiClient(Access(server.url), timeout_s=1.0) as client:
-        yield client
 
 
 async def _running(publisher: SlicePublisher) -> asyncio.Task[None]:

@@ -22,9 +22,9 @@ from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Pod
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.families import gpu_family
-from tests.integration.gpu_agent import WAIT, config, run_gpu_agent_to_exit, running_agent
+from tests.integration.gpu_agent import config, run_gpu_agent_to_exit, running_agent
 from tests.timing import SHORT
 
 MIG_1G = "nvidia.com/mig-1g.10gb"

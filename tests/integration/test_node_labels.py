@@ -22,11 +22,10 @@ from agents.core.fabric import LEAF_GROUP
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.families import running_family
 from tests.timing import SHORT
 
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 PREFIX = "node-agents.io/"
 VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 KEYS = {

@@ -17,10 +17,10 @@ from agents.core.xid import HOLD_S
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.hw.nvml_calls import HANG_S
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.nvml.harness import AgentProcess, Lab, health, start_agent, unhealthy
 
 GPU = "nvidia.com/gpu"
-START_WAIT = 30.0
 FAULT_SEEN_WITHIN = 2.0
 SIGTERM_WITHIN = 2.0
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from agents.standin.kubelet import Kubelet
 from agents.timing import PROBE_INTERVAL_S
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.conditions import async_wait_until
 from tests.nvml.harness import Lab, health, start_agent, unhealthy
 
-START_WAIT = 30.0  # a subprocess start on a loaded 2-core machine
 FAULT_SEEN_WITHIN = 2.0
 WAIT_PERIODS = 5  # event waits at rest, each of PROBE_INTERVAL_S
 XID_FALLEN_OFF_BUS = 79
