@@ -20,6 +20,7 @@ import yaml
 from agents.cluster.client import Access, ApiClient
 from agents.sim.bundled import bundled_node
 from tests.standin.apiserver import ApiServer
+from tests.timing import AGENT, SHORT_AGENT
 from tests.writers import write_atomic, write_in_place
 
 NODE = "h100-8gpu-8nic"
@@ -79,17 +80,20 @@ class AgentProcess:
 
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
-    """start_agent(["run", ...], env=None) spawns `python -m agents.cli ...` (in `env`, or
-    this process's environment); killed at teardown."""
+    """start_agent(["run", ...], env=None, short_timing=False) spawns `python -m agents.cli
+    ...` (in `env`, or this process's environment; on tests/timing.py's short hold times
+    and probe periods if asked); killed at teardown."""
     spawned: list[AgentProcess] = []
 
-    def start(args: Sequence[str], env: Mapping[str, str] | None = None) -> AgentProcess:
+    def start(
+        args: Sequence[str], env: Mapping[str, str] | None = None, short_timing: bool = False
+    ) -> AgentProcess:
         args = [*args, *_private_kubelet_dirs(args, tmp_path)]
         stderr_path = tmp_path / f"agent-{len(spawned)}.stderr"
         started = time.monotonic()
         with stderr_path.open("wb") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "agents.cli", *args],
+                [sys.executable, *(SHORT_AGENT if short_timing else AGENT), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,

@@ -80,9 +80,10 @@ class DraNode:
         drivers: Sequence[str] = (GPU, NIC),
         env: Mapping[str, str] | None = None,
     ) -> AgentProcess:
-        """The agent, once its drivers are registered and their slices published."""
+        """The agent (on tests/timing.py's short hold times and probe periods), once its
+        drivers are registered and their slices published."""
         after = {d: r.serial for d, r in self.watcher.drivers.items()}
-        agent = self.start_agent(self.args(node_file, *more), env=env)
+        agent = self.start_agent(self.args(node_file, *more), env=env, short_timing=True)
         for driver in drivers:
             await self.registered(agent, driver, after.get(driver, 0))
         await self.wait(lambda: all(self.devices(d) for d in drivers) or not agent.alive())
