@@ -21,6 +21,7 @@ from agents.config import Config, load_config
 from agents.core.config_choice import DEFAULT_LABEL
 from agents.errors import AgentError, ConfigError
 from agents.tasks import cause, until
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.backends import Backends
@@ -288,8 +289,10 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return found
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, timing: Timing = PRODUCTION) -> int:
+    """`node-agent ARGV`; `timing` is not a flag: tests start the agent on short ones."""
     opts = parse_args(argv)
+    opts.timing = timing
     try:
         if opts.command == "run":
             configure_logging(
@@ -399,6 +402,7 @@ async def _serve_config(
             api=serve,
             leftovers=[other.leftovers(opts) for other in APIS if other is not api],
             node_labeller=labeller,
+            timing=opts.timing,
         )
 
         def reloads() -> Coroutine[None, None, None]:

@@ -30,6 +30,7 @@ from agents.kernel.runtime import Host, Runtime, Serve
 from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.pairing import PAIRED_KINDS, Pairing, pairs_label
 from agents.tasks import Supervisor, cause, off_loop, until
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
@@ -66,6 +67,7 @@ class Agent:
     leftovers: Sequence[Holdings] = ()
     # --label-node: the fabric's labels patched onto this node's Node.
     node_labeller: NodeLabeller | None = None
+    timing: Timing = PRODUCTION  # the production hold times and probe periods; tests shorten them
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
@@ -174,7 +176,7 @@ class Agent:
         side = None
         if self.pairing is not None and kind.pairs_as is not None and config.pairing.enabled:
             side = self.pairing.side(kind.pairs_as)
-        return Context(self.backends, self.health, side)
+        return Context(self.backends, self.health, side, self.timing)
 
     def _adopt(self, family: Family, config: Config) -> None:
         """Make `family` the agent's, and tell pairing where its devices are."""

@@ -18,6 +18,7 @@ from agents.core.topology import PciLocation
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import ContainerEdits, DeviceKey
 from agents.kernel.offer import Offer
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.backends import Backends
@@ -64,6 +65,7 @@ class Context:
     backends: Backends
     health: HealthSink
     pairing: PairingSide | None  # None: this family is not paired
+    timing: Timing = PRODUCTION  # hold times and probe periods
 
 
 class Family(Offer, Protocol):

@@ -90,7 +90,8 @@ async def smoke(config: Config, source: str, plugin_dir: Path) -> None:
             config, source, plugin_dir, real_backends(), parse_families(",".join(families()))
         )
         await agent.start()  # BackendError when NVML cannot initialise
-        if agent.family(GpuFamily) is None or not agent.family(GpuFamily).gpus:
+        gpu = agent.family(GpuFamily)
+        if gpu is None or not gpu.gpus:
             raise SmokeError("NVML answered but lists no GPU")
         task = asyncio.ensure_future(agent.run(stop))
         try:

@@ -7,12 +7,15 @@ import time
 from collections.abc import Callable
 
 DEFAULT_TIMEOUT = 10.0
+# How long a test waits for what should take milliseconds, on a loaded 2-core machine:
+WAIT = 10.0  # a change inside this process (the agent, the stand-ins)
+PROCESS_WAIT = 30.0  # a process started, registered or answering
 
 
 def wait_until(
-    condition: Callable[[], bool], within: float = DEFAULT_TIMEOUT, what: str = ""
+    condition: Callable[[], object], within: float = DEFAULT_TIMEOUT, what: str = ""
 ) -> None:
-    """Block until condition() is true; fail the test after `within` seconds."""
+    """Block until condition() is truthy; fail the test after `within` seconds."""
     deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:
@@ -21,9 +24,9 @@ def wait_until(
 
 
 async def async_wait_until(
-    condition: Callable[[], bool], within: float = DEFAULT_TIMEOUT, what: str = ""
+    condition: Callable[[], object], within: float = DEFAULT_TIMEOUT, what: str = ""
 ) -> None:
-    """Yield to the loop until condition() is true; fail after `within` seconds."""
+    """Yield to the loop until condition() is truthy; fail after `within` seconds."""
     deadline = time.monotonic() + within
     while not condition():
         if time.monotonic() > deadline:

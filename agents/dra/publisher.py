@@ -56,6 +56,7 @@ class SlicePublisher:
         self._written: dict[str, tuple[str, Obj]] = {}  # name: (resourceVersion, spec) we wrote
         self._node_uid = ""
         self._wake = asyncio.Event()
+        self._parked = False  # the reconcile loop waits for a wake-up
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
 
@@ -64,6 +65,12 @@ class SlicePublisher:
         reasons) left out or tainted. Never waits: the API calls happen in `run`."""
         self._wanted[devices.driver] = (devices, dict(unhealthy))
         self._wake.set()
+
+    @property
+    def settled(self) -> bool:
+        """Whether every `set` and every change watched so far has been reconciled: the
+        publisher waits with nothing to do."""
+        return self._parked and not self._wake.is_set()
 
     async def run(self) -> None:
         """Publish until cancelled."""
@@ -133,7 +140,11 @@ class SlicePublisher:
             self._wake.clear()
             for driver in list(self._wanted):
                 await self._reconcile(driver)
-            await self._wake.wait()
+            self._parked = True
+            try:
+                await self._wake.wait()
+            finally:
+                self._parked = False
 
     async def _reconcile(self, driver: str) -> None:
         wanted = self._wanted[driver]

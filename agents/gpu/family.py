@@ -26,13 +26,13 @@ from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
+from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.gpu.kind import GpusFound
 
 log = structlog.get_logger(__name__)
 
-PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
 PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it moves on
 EVENT_WAIT_SLACK_S = 1.0  # an event wait this much past its timeout is logged as slow
 SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
@@ -51,6 +51,7 @@ class GpuFamily:
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
         hang_s: float = HANG_S,
+        timing: Timing = PRODUCTION,
     ) -> None:
         self._nvml = nvml
         self._held = found.held  # an NVML initialisation to give back
@@ -67,8 +68,11 @@ class GpuFamily:
         self._gone: set[str] = set()  # taken off the node: not advertised while away
         self._clock = clock
         self._health = GpuHealth(
-            HealthPolicy(config.health.disabled_xids, config.health.xid_recovery_s)
+            HealthPolicy(
+                config.health.disabled_xids, config.health.xid_recovery_s, timing.gpu_hold_s
+            )
         )
+        self._probe_s = timing.gpu_probe_s
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
         self._kick = asyncio.Event()  # probe now: the event wait returned early
 
@@ -215,7 +219,7 @@ class GpuFamily:
                 self._note_gone(uuid, status.gone)
             self._publish(now)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(PROBE_INTERVAL_S):  # a timer, not a task
+                async with asyncio.timeout(self._probe_s):  # a timer, not a task
                     await self._kick.wait()
             self._kick.clear()
 
@@ -227,23 +231,23 @@ class GpuFamily:
                 events = await self._next_events()
             except BackendError as exc:
                 log.error("nvml_events_failed", error=str(exc))
-                await asyncio.sleep(PROBE_INTERVAL_S)
+                await asyncio.sleep(self._probe_s)
                 continue
             now = self._clock()
             for event in events:
                 self._xid(event, now)
-            if events or now - began < PROBE_INTERVAL_S / 2:
+            if events or now - began < self._probe_s / 2:
                 self._publish(now)
                 self._kick.set()  # something changed: probe now rather than at the tick
 
     async def _next_events(self) -> list[XidEvent]:
         """One event wait; one that outlives its timeout by far is logged, once."""
-        waiting = asyncio.ensure_future(self._nvml.next_events(PROBE_INTERVAL_S))
+        waiting = asyncio.ensure_future(self._nvml.next_events(self._probe_s))
         try:
-            async with asyncio.timeout(PROBE_INTERVAL_S + EVENT_WAIT_SLACK_S):
+            async with asyncio.timeout(self._probe_s + EVENT_WAIT_SLACK_S):
                 return await asyncio.shield(waiting)
         except TimeoutError:
-            log.warning("nvml_event_wait_slow", waited_s=PROBE_INTERVAL_S + EVENT_WAIT_SLACK_S)
+            log.warning("nvml_event_wait_slow", waited_s=self._probe_s + EVENT_WAIT_SLACK_S)
             return await waiting
         finally:
             waiting.cancel()

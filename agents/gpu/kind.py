@@ -151,5 +151,10 @@ class GpuKind:
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
         return GpuFamily(
-            context.backends.nvml, found, config, health=context.health, pairing=context.pairing
+            context.backends.nvml,
+            found,
+            config,
+            health=context.health,
+            pairing=context.pairing,
+            timing=context.timing,
         )

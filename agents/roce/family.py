@@ -2,7 +2,8 @@
 state, and the NIC list kept current as functions come and go.
 
 Link changes are pushed by the kernel (netlink) and wake the loop at once; the RDMA
-port state in sysfs is a second signal, read on every wake and once per PORT_POLL_S.
+port state in sysfs is a second signal, read on every wake and once per port poll
+(agents.timing).
 LLDP neighbours are followed beside them, woken only by the neighbour source.
 """
 
@@ -30,14 +31,10 @@ from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
 from agents.roce.resource import RoceResource
+from agents.timing import PRODUCTION, Timing
 
 log = structlog.get_logger(__name__)
 
-# A RoCE port's state follows its netdev's carrier, whose changes netlink pushes at once:
-# the poll is a backstop, and reading every NIC's port file each second cost a third of
-# an idle agent's CPU time.
-PORT_POLL_S = 5.0
-FLAP_HOLD_S = 2.0  # after a reported change, later flaps of that NIC wait this long
 ACTIVE = "ACTIVE"
 
 
@@ -76,6 +73,7 @@ class RoceFamily:
         lldp: NeighbourSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         unknown_after_s: float = UNKNOWN_AFTER_S,
+        timing: Timing = PRODUCTION,
     ) -> None:
         self._sink = health  # told of each evaluation; must not block
         self._reasons: dict[str, str] = {}  # why each Unhealthy NIC turned so
@@ -83,7 +81,8 @@ class RoceFamily:
         self._links = links  # the agent's: it closes them
         self._selectors = config.roce.selectors
         self._clock = clock
-        self._health: Debouncer[str, bool] = Debouncer(FLAP_HOLD_S)
+        self._health: Debouncer[str, bool] = Debouncer(timing.nic_flap_hold_s)
+        self._port_poll_s = timing.nic_port_poll_s
         self._nics = list(found.nics)
         self._resource = RoceResource(
             config.roce.resource_name, self._nics, dev_root=dev_root, pairing=pairing
@@ -168,7 +167,8 @@ class RoceFamily:
 
     def _timeout(self) -> float:
         due = self._health.next_due()
-        return PORT_POLL_S if due is None else max(0.0, min(PORT_POLL_S, due - self._clock()))
+        poll = self._port_poll_s
+        return poll if due is None else max(0.0, min(poll, due - self._clock()))
 
     def _state(self, nic: Nic, port: str | None) -> tuple[bool, str]:
         link = self._links.state(nic.netdev)

@@ -43,4 +43,5 @@ class RoceKind:
             health=context.health,
             pairing=context.pairing,
             lldp=b.lldp,
+            timing=context.timing,
         )

@@ -89,7 +89,11 @@ def _faults(
             doc["gpus"][i]["xids"] = [79]
             started = time.monotonic()
             write_yaml(node_file, doc)
-            seen = watcher.wait_for(lambda h, v=victim: h.get(v) == "Unhealthy", WITHIN_S)
+
+            def shows(health: dict[str, str], victim: str = victim) -> bool:
+                return health.get(victim) == "Unhealthy"
+
+            seen = watcher.wait_for(shows, WITHIN_S)
             kubelet_ms.append((seen - started) * 1000)
             if url:
                 deadline = time.monotonic() + WITHIN_S

@@ -82,7 +82,12 @@ def _measure(
             if n % 20 == 19:
                 time.sleep(0.1)  # within the agent's read budget (200 a second): all are read
         after = frame(system_name="leaf-after")
-        _wait_label(features, "leaf-after", lambda: [s.send(after) for s in senders])
+
+        def send_after() -> None:
+            for sender in senders:
+                sender.send(after)
+
+        _wait_label(features, "leaf-after", send_after)
         growth_mb = (agent.rss_kib() - before) / 1024
         flood = _allocate_under_flood(agent, senders[0])
     finally:

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from agents.core.xid import HOLD_S
-from agents.roce.family import FLAP_HOLD_S
 from agents.sim.bundled import DEMO_NODE, bundled_node
+from agents.timing import FLAP_HOLD_S
 from hack.benchlib.agent import GPU, NIC, AgentProcess, Watcher, percentile
 from hack.benchlib.figures import Figure, below, skipped
 from hack.benchlib.nodes import generate_node, write_yaml
@@ -26,7 +26,7 @@ WITHIN_S = 5.0
 
 def _round_trip(
     watcher: Watcher,
-    inject: Callable[[], None],
+    inject: Callable[[], object],
     device: str,
     health: str,
 ) -> float:

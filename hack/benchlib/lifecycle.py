@@ -6,6 +6,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Collection
+from functools import partial
 from pathlib import Path
 
 from agents.standin.kubelet import Kubelet
@@ -107,7 +108,7 @@ async def _restarts(kubelet: Kubelet, agent: AgentProcess, n: int) -> list[Figur
         mark = len(kubelet.registrations)
         started = time.monotonic()
         await kubelet.start()
-        await kubelet.wait_until(lambda k, m=mark: _registered_since(k, m, RESOURCES), 10)
+        await kubelet.wait_until(partial(_registered_since, mark=mark, resources=RESOURCES), 10)
         ms.append((time.monotonic() - started) * 1000)
         fds.append(agent.fd_count())
         threads.append(agent.thread_count())

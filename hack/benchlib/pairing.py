@@ -77,7 +77,8 @@ class Workload:
 
     def _occupancy(self) -> float:
         used = sum(len(ids) for ids in self.kubelet.allocated().values())
-        total = sum(len(self.kubelet.resource(r).devices) for r in (GPU, NIC))  # type: ignore[union-attr]
+        views = [self.kubelet.resource(r) for r in (GPU, NIC)]
+        total = sum(len(view.devices) for view in views if view is not None)
         return used / total
 
     async def step(self, op: int) -> None:
@@ -120,10 +121,11 @@ async def topology_of(node_file: Path, plugin_dir: Path) -> Topology:
     async with simulated_backends(node_file) as backends:
         agent = Agent(config, "<topology>", plugin_dir, backends)
         await agent.start()
-        assert agent.family(GpuFamily) is not None and agent.family(RoceFamily) is not None
+        gpus, nics = agent.family(GpuFamily), agent.family(RoceFamily)
+        assert gpus is not None and nics is not None
         return Topology(
-            {g.uuid: g.location for g in agent.family(GpuFamily).gpus if g.location},
-            {n.pci: n.location for n in agent.family(RoceFamily).nics if n.location},
+            {g.uuid: g.location for g in gpus.gpus if g.location},
+            {n.pci: n.location for n in nics.nics if n.location},
         )
 
 

@@ -4,6 +4,7 @@ agent on a simulated node and the kubelet stand-in; refused ones fail at start."
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def check_device_ids(case: Case, kubelet: Kubelet) -> None:
         assert {NodeNames.base(d) for d in view.devices} <= set(names.uuid), resource
 
 
-def warnings_of(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+def warnings_of(logs: Sequence[Mapping[str, Any]], event: str) -> list[Mapping[str, Any]]:
     return [e for e in logs if e["event"] == event and e["log_level"] == "warning"]
 
 

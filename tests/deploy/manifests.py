@@ -66,6 +66,13 @@ def agent_container(objs: list[Obj]) -> Obj:
     return container
 
 
+def required_flag(args: list[str], name: str) -> str:
+    """The value of `--name`, which the args must have."""
+    value = flag(args, name)
+    assert value is not None, f"{name} is not set"
+    return value
+
+
 def flag(args: list[str], name: str) -> str | None:
     """The value of `--name VALUE` or `--name=VALUE` in args; None when absent."""
     for i, arg in enumerate(args):

@@ -175,7 +175,7 @@ def image_env(stage: Stage) -> dict[str, str]:
     """ENV of a stage, in its KEY=VALUE form (the only one this file uses)."""
     pairs = [word.split("=", 1) for i in stage.all("ENV") for word in i.args.split()]
     assert all(len(pair) == 2 for pair in pairs), "ENV KEY=VALUE only"
-    return dict(pairs)  # type: ignore[arg-type]
+    return {key: value for key, value in pairs}
 
 
 def test_image_leaves_the_gpu_variables_to_the_daemonset_so_roce_only_has_none(

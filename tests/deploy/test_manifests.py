@@ -21,6 +21,7 @@ from tests.deploy.manifests import (
     only,
     pod_spec,
     render,
+    required_flag,
 )
 
 NAMESPACE = "node-agents"
@@ -255,7 +256,7 @@ def test_liveness_probe_hits_healthz_on_the_metrics_port(variant: str) -> None:
     probe = container["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz"
     assert probe["port"] == "metrics"
-    host, port = flag(container["args"], "--metrics-address").rsplit(":", 1)
+    host, port = required_flag(container["args"], "--metrics-address").rsplit(":", 1)
     assert int(port) == ports["metrics"]
     # Bound where the kubelet's probe arrives, the pod IP (the node's IP under
     # hostNetwork), and nowhere else on the node.
@@ -276,7 +277,7 @@ TAKEN_PORTS = {
 @variants
 def test_metrics_port_is_the_documented_one_and_no_common_gpu_node_default(variant: str) -> None:
     container = agent_container(render(variant))
-    port = int(flag(container["args"], "--metrics-address").rsplit(":", 1)[1])
+    port = int(required_flag(container["args"], "--metrics-address").rsplit(":", 1)[1])
     assert port == METRICS_PORT == 17400
     assert port not in TAKEN_PORTS
     assert not 9100 <= port <= 9999  # the Prometheus exporters' range, all allocated
@@ -301,11 +302,11 @@ def test_agent_is_started_with_config_json_logs_and_nfd_file(variant: str) -> No
     assert container["image"] == IMAGE
     assert args[0] == "run"
     assert flag(args, "--log-format") == "json"
-    config = PurePosixPath(flag(args, "--config"))
+    config = PurePosixPath(required_flag(args, "--config"))
     config_mounts = [m for m in container["volumeMounts"] if m["name"] == _config_volume_name(objs)]
     assert [m["mountPath"] for m in config_mounts] == [str(config.parent)]
     assert config.name in only(objs, "ConfigMap")["data"]
-    nfd_file = PurePosixPath(flag(args, "--nfd-features-file"))
+    nfd_file = PurePosixPath(required_flag(args, "--nfd-features-file"))
     assert str(nfd_file.parent) == NFD_FEATURES_DIR
     node_name = env(container)["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert node_name == "spec.nodeName"
@@ -316,7 +317,7 @@ def _config_volume_name(objs: list[Obj]) -> str:
     volumes = pod_spec(objs)["volumes"]
     names = [v["name"] for v in volumes if v.get("configMap", {}).get("name") == configmap]
     assert len(names) == 1, "the DaemonSet must mount the rendered ConfigMap"
-    return names[0]
+    return str(names[0])
 
 
 GPU_NODE_LABELS = (

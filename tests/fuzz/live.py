@@ -11,6 +11,7 @@ from agents.config import Config
 from agents.daemon import Agent
 from agents.plugin.server import socket_name
 from hack.benchlib.agent import Client
+from tests.families import plugin_manager
 
 
 class LiveAgent:
@@ -55,7 +56,7 @@ class LiveAgent:
         self._stop = asyncio.Event()
         async with simulated_backends(self.node_file) as backends:
             agent = Agent(self.config, "<fuzz>", self.plugin_dir, backends)
-            manager = await agent.start()
-            self.resources = sorted(manager.servers)
+            await agent.start()
+            self.resources = sorted(plugin_manager(agent).servers)
             self._ready.set()
             await agent.run(self._stop)

@@ -101,9 +101,9 @@ def call(rpc: Any, request: Any) -> Any | None:
     try:
         return rpc(request, timeout=DEADLINE_S)
     except grpc.RpcError as err:
-        code = err.code()  # type: ignore[attr-defined]
-        assert code in ALLOWED, f"{code}: {err.details()}"  # type: ignore[attr-defined]
-        assert err.details(), "a refusal names what is wrong"  # type: ignore[attr-defined]
+        code = err.code()
+        assert code in ALLOWED, f"{code}: {err.details()}"
+        assert err.details(), "a refusal names what is wrong"
         return None
 
 

@@ -1,5 +1,6 @@
-"""Shared fixtures of the integration tests: a simulated node file, its edits, and the
-agent as a real `node-agent run` process that is always killed at the end."""
+"""Shared fixtures of the integration tests: a simulated node file, its edits, the agent
+as a real `node-agent run` process that is always killed at the end, and the API-server
+stand-in with a client of it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from agents.cluster.client import Access, ApiClient
 from agents.sim.bundled import bundled_node
+from tests.standin.apiserver import ApiServer
+from tests.timing import AGENT, SHORT_AGENT
 from tests.writers import write_atomic, write_in_place
 
 NODE = "h100-8gpu-8nic"
@@ -76,17 +80,20 @@ class AgentProcess:
 
 @pytest.fixture
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
-    """start_agent(["run", ...], env=None) spawns `python -m agents.cli ...` (in `env`, or
-    this process's environment); killed at teardown."""
+    """start_agent(["run", ...], env=None, short_timing=False) spawns `python -m agents.cli
+    ...` (in `env`, or this process's environment; on tests/timing.py's short hold times
+    and probe periods if asked); killed at teardown."""
     spawned: list[AgentProcess] = []
 
-    def start(args: Sequence[str], env: Mapping[str, str] | None = None) -> AgentProcess:
+    def start(
+        args: Sequence[str], env: Mapping[str, str] | None = None, short_timing: bool = False
+    ) -> AgentProcess:
         args = [*args, *_private_kubelet_dirs(args, tmp_path)]
         stderr_path = tmp_path / f"agent-{len(spawned)}.stderr"
         started = time.monotonic()
         with stderr_path.open("wb") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "agents.cli", *args],
+                [sys.executable, *(SHORT_AGENT if short_timing else AGENT), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
@@ -116,3 +123,25 @@ def _private_kubelet_dirs(args: Sequence[str], tmp_path: Path) -> list[str]:
         if flag not in args:
             extra += [flag, str(tmp_path / "kubelet" / flag.removeprefix("--"))]
     return extra
+
+
+@pytest.fixture
+def api_nodes() -> tuple[str, ...]:
+    """The Nodes the API-server stand-in holds from its start; a module may override it."""
+    return ("node-1",)
+
+
+@pytest.fixture
+async def server(api_nodes: tuple[str, ...]) -> AsyncIterator[ApiServer]:
+    """The API-server stand-in over plain http, stopped at the end."""
+    server = ApiServer(api_nodes)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
+    """A client of `server`; a request without an answer fails after a second."""
+    async with ApiClient(Access(server.url), timeout_s=1.0) as client:
+        yield client

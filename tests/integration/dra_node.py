@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.integration.conftest import AgentProcess
 from tests.standin.apiserver import ApiServer, write_kubeconfig
 from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
@@ -19,7 +20,6 @@ from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
 NODE = "dra-node-1"
 GPU = "gpu.nvidia.com"
 NIC = "roce.node-agents.io"
-WAIT = 20.0  # a process start on a loaded 2-core machine
 Obj = dict[str, Any]
 
 
@@ -80,9 +80,10 @@ class DraNode:
         drivers: Sequence[str] = (GPU, NIC),
         env: Mapping[str, str] | None = None,
     ) -> AgentProcess:
-        """The agent, once its drivers are registered and their slices published."""
+        """The agent (on tests/timing.py's short hold times and probe periods), once its
+        drivers are registered and their slices published."""
         after = {d: r.serial for d, r in self.watcher.drivers.items()}
-        agent = self.start_agent(self.args(node_file, *more), env=env)
+        agent = self.start_agent(self.args(node_file, *more), env=env, short_timing=True)
         for driver in drivers:
             await self.registered(agent, driver, after.get(driver, 0))
         await self.wait(lambda: all(self.devices(d) for d in drivers) or not agent.alive())

@@ -24,8 +24,9 @@ from agents.gpu.plan import GPU_RESOURCE
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Kubelet
+from agents.timing import PRODUCTION, Timing
+from tests.conditions import WAIT
 
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 CONFIG_SOURCE = "gpu-test-config.yaml"
 
 
@@ -94,6 +95,7 @@ async def running_agent(
     node: str | Path = "h100-8gpu-8nic",
     families: Sequence[str] = ("gpu",),
     reporter: HealthReporter | None = None,
+    timing: Timing = PRODUCTION,
 ) -> AsyncIterator[Running]:
     """Kubelet stand-in up, agent started on a copy of the node file; both stopped after."""
     node_file = tmp_path / "node" / "node.yaml"
@@ -114,6 +116,7 @@ async def running_agent(
                 backends,
                 parse_families(",".join(families)),
                 reporter=reporter,
+                timing=timing,
             )
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))

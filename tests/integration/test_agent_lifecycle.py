@@ -18,17 +18,17 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.backends import simulated_backends
 from agents.config import Config, parse_config
-from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
-from agents.roce.family import FLAP_HOLD_S
 from agents.standin.kubelet import Container, Kubelet, Pod
-from tests.conditions import async_wait_until
+from agents.timing import Timing
+from tests.conditions import WAIT, async_wait_until
+from tests.families import plugin_manager, running_family
+from tests.timing import SHORT
 
 GPU = "nvidia.com/gpu"
 NIC = "rdma/roce"
 FAULT_SEEN_WITHIN = 1.0  # a node-file edit takes effect within one second
-WAIT = 5.0
 
 EditNode = Callable[..., None]
 
@@ -43,8 +43,7 @@ class RunningAgent:
 
     @property
     def sockets(self) -> list[Path]:
-        assert self.agent.manager is not None
-        return [s.socket_path for s in self.agent.manager.servers.values()]
+        return [s.socket_path for s in plugin_manager(self.agent).servers.values()]
 
     def serving(self) -> bool:
         return self.agent.serving() and all(p.exists() for p in self.sockets)
@@ -56,10 +55,10 @@ class RunningAgent:
 
 @contextlib.asynccontextmanager
 async def running(
-    node_file: Path, plugin_dir: Path, config: Config | None = None
+    node_file: Path, plugin_dir: Path, config: Config | None = None, timing: Timing = SHORT
 ) -> AsyncIterator[RunningAgent]:
     async with simulated_backends(node_file) as backends:
-        agent = Agent(config or Config.default(), "<test>", plugin_dir, backends)
+        agent = Agent(config or Config.default(), "<test>", plugin_dir, backends, timing=timing)
         await agent.start()
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
@@ -183,8 +182,7 @@ async def test_other_clients_open_and_close_streams_without_a_new_registration(
     before = len(kubelet.registrations)
     endpoint = kubelet.endpoint(NIC)
     assert endpoint is not None
-    manager = agent.agent.manager
-    assert manager is not None
+    manager = plugin_manager(agent.agent)
     server = manager.servers[NIC]
     assert server.open_streams == 1
 
@@ -264,8 +262,7 @@ def plugin_sockets(directory: Path) -> list[Path]:
 
 
 def servers(agent: RunningAgent) -> list[Any]:
-    assert agent.agent.manager is not None
-    return list(agent.agent.manager.servers.values())
+    return list(plugin_manager(agent.agent).servers.values())
 
 
 # Health
@@ -303,12 +300,11 @@ async def test_xid_turns_the_gpu_unhealthy_within_a_second_and_only_a_reset_heal
 
     # A reset: the GPU falls off the bus and answers again; Healthy after the hold time.
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", True), atomic=atomic)
-    assert agent.agent.family(GpuFamily) is not None
-    gpu = agent.agent.family(GpuFamily)
+    gpu = running_family(agent.agent, GpuFamily)
     await async_wait_until(lambda: gpu.unhealthy_reason(victim) == "lost", WAIT, "lost seen")
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", False), atomic=atomic)
     took = await timed_wait(kubelet, lambda k: health(k, GPU, victim) == "Healthy", WAIT * 2)
-    assert HOLD_S <= took < HOLD_S + FAULT_SEEN_WITHIN * 2
+    assert SHORT.gpu_hold_s <= took < SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2
     assert listed(GPU, 8, healthy=7)(kubelet)
 
 
@@ -336,9 +332,9 @@ async def test_nic_link_down_turns_unhealthy_and_up_healthy_again(
     assert listed(NIC, 8, healthy=7)(kubelet)
 
     edit_node(lambda d: d["nics"][2].__setitem__("link", "up"))
-    # A flap right after a reported change is held back for FLAP_HOLD_S, by design.
+    # A flap right after a reported change is held back for the flap hold, by design.
     took = await timed_wait(kubelet, lambda k: health(k, NIC, victim) == "Healthy", WAIT)
-    assert took < FLAP_HOLD_S + FAULT_SEEN_WITHIN
+    assert took < SHORT.nic_flap_hold_s + FAULT_SEEN_WITHIN
     assert listed(NIC, 8)(kubelet)
 
 
@@ -365,7 +361,7 @@ async def test_removed_gpu_disappears_from_the_list(
     # once it has answered normally for the hold time.
     edit_node(lambda d: d["gpus"].append(gpu))
     await kubelet.wait_until(listed(GPU, 8, healthy=7), FAULT_SEEN_WITHIN * 2)
-    await kubelet.wait_until(listed(GPU, 8), HOLD_S + FAULT_SEEN_WITHIN * 2)
+    await kubelet.wait_until(listed(GPU, 8), SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2)
     assert health(kubelet, GPU, removed) == "Healthy"
 
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +25,14 @@ from agents.kernel.catalogue import Inventory
 from agents.plugin.manager import WAITING_LOG_S, PluginManager
 from agents.standin.kubelet import Kubelet
 from agents.tasks import until
-from tests.conditions import async_wait_until
-from tests.integration.test_agent_lifecycle import GPU, NIC, WAIT, listed
+from tests.conditions import WAIT, async_wait_until
+from tests.integration.test_agent_lifecycle import GPU, NIC, listed
 
 EditNode = Callable[..., None]
 
 
 @contextlib.contextmanager
-def logs() -> Iterator[list[dict[str, Any]]]:
+def logs() -> Iterator[list[MutableMapping[str, Any]]]:
     """The agent's log events while the block runs, each stamped (`at`) as it was logged."""
     capture = LogCapture()
     before = structlog.get_config()["processors"]
@@ -43,7 +43,7 @@ def logs() -> Iterator[list[dict[str, Any]]]:
         structlog.configure(processors=before)
 
 
-def events(captured: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+def events(captured: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str, Any]]:
     return [e for e in captured if e["event"] == name]
 
 

@@ -20,13 +20,13 @@ from agents.dra.cdi import CdiDevice, CdiSpecs
 from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from agents.dra.holdings import POLL_S
 from agents.standin.kubelet import Kubelet
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
 from tests.standin.dra_kubelet import DraKubelet, PluginWatcher
 
 GPU, NIC = "nvidia.com/gpu", "rdma/roce"
 DRIVERS = ("gpu.nvidia.com", "roce.node-agents.io")
-WAIT = 20.0
 
 
 class _Lister(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]

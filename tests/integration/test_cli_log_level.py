@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
 
-WAIT = 30.0  # a process start on a loaded 2-core machine
 RANK = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 
 

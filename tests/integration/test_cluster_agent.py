@@ -19,14 +19,13 @@ from agents.cluster.reporter import Reporter
 from agents.daemon import Agent
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Kubelet
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.integration.gpu_agent import Running, running_agent
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 from tests.writers import write_atomic
 
 NODE = "gpu-node-7"
 GPU = "nvidia.com/gpu"
-WAIT = 10.0
 KUBELET_WITHIN_S = 1.0  # a fault reaches the kubelet within this, API server or not
 EVENT_WITHIN_S = 2.0  # and the Event follows the kubelet's view within this
 

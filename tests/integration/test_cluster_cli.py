@@ -6,26 +6,23 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.conditions import async_wait_until
 from tests.integration.conftest import AgentProcess
 from tests.standin.apiserver import REFUSE, ApiServer, write_kubeconfig
 
 NODE = "sim-node-1"
-WAIT = 20.0  # a process start on a loaded 2-core machine
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer((NODE,))
-    await server.start()
-    yield server
-    await server.stop()
+def api_nodes() -> tuple[str, ...]:
+    return (NODE,)
 
 
 def args(node_file: Path, *more: str) -> list[str]:
@@ -51,7 +48,10 @@ async def test_xid_through_the_cli_reaches_the_api_server(
 ) -> None:
     config = write_kubeconfig(node_file.parent / "kubeconfig", server.url)
     agent = start_agent(args(node_file, "--kubeconfig", str(config), "--node-name", NODE))
-    condition = lambda: server.store.condition(NODE, "DevicesHealthy") or {}  # noqa: E731
+
+    def condition() -> dict[str, Any]:
+        return server.store.condition(NODE, "DevicesHealthy") or {}
+
     await async_wait_until(lambda: condition().get("status") == "True", WAIT)
     victim = node_doc["gpus"][1]["uuid"]
     edit_node(lambda doc: doc["gpus"][1].update(xids=[79]))

@@ -22,13 +22,12 @@ from agents.cluster.client import (
 from agents.cluster.reporter import Reporter
 from agents.core.node_report import DeviceHealth
 from agents.tasks import until
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 
 NODE = "node-1"
 EVENTS = "/api/v1/namespaces/default/events"
 STRATEGIC = "application/strategic-merge-patch+json"
-WAIT = 10.0
 
 
 def _event(name: str) -> dict[str, object]:
@@ -38,20 +37,6 @@ def _event(name: str) -> dict[str, object]:
         "reason": "DeviceUnhealthy",
         "count": 1,
     }
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer((NODE,))
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
-    async with ApiClient(Access(server.url), timeout_s=0.5) as client:
-        yield client
 
 
 async def _take(events: AsyncIterator[WatchEvent], n: int) -> list[WatchEvent]:

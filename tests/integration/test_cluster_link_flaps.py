@@ -21,10 +21,12 @@ from agents.cluster.reporter import Reporter
 from agents.config import Config
 from agents.daemon import Agent
 from agents.families import parse_families
-from agents.roce.family import FLAP_HOLD_S, RoceFamily
+from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
+from tests.families import running_family
 from tests.standin.apiserver import ApiServer
+from tests.timing import SHORT
 from tests.veth import node_on_netdev, veth_pair
 
 pytestmark = [
@@ -37,7 +39,6 @@ pytestmark = [
 NODE = "roce-node-1"
 NIC = "rdma/roce"
 PEER = "naflpeer0"
-WAIT = 10.0
 FLAP_S = 0.2  # the link is down this long, then up this long
 
 
@@ -77,8 +78,7 @@ class Running:
 
 async def _follow(running: Running) -> None:
     """Record every change of the NIC's health in the agent's device list."""
-    assert running.agent.family(RoceFamily) is not None
-    inventory = running.agent.family(RoceFamily).resources()[0].inventory
+    inventory = running_family(running.agent, RoceFamily).resources()[0].inventory
     while True:
         version = inventory.version
         device = inventory.get(running.pci)
@@ -105,6 +105,7 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
                 backends,
                 parse_families("roce"),
                 reporter=reporter,
+                timing=SHORT,
             )
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
@@ -129,11 +130,11 @@ async def test_each_flap_the_kubelet_sees_is_counted_into_two_events(running: Ru
     for _ in range(flaps):
         await running.link("down")
         await running.kubelet.wait_until(
-            lambda _: running.health() == "Unhealthy", FLAP_HOLD_S + WAIT
+            lambda _: running.health() == "Unhealthy", SHORT.nic_flap_hold_s + WAIT
         )
         await running.link("up")
         await running.kubelet.wait_until(
-            lambda _: running.health() == "Healthy", FLAP_HOLD_S + WAIT
+            lambda _: running.health() == "Healthy", SHORT.nic_flap_hold_s + WAIT
         )
     await async_wait_until(
         lambda: running.counts() == {"DeviceUnhealthy": flaps, "DeviceHealthy": flaps}, WAIT
@@ -149,9 +150,11 @@ async def test_twenty_flaps_make_two_events_whose_counts_add_up(running: Running
         await asyncio.sleep(FLAP_S)  # the rhythm of the flapping link, not a wait for it
         await running.link("up")
         await asyncio.sleep(FLAP_S)
-    # The agent holds later flaps of a NIC for FLAP_HOLD_S after a change it reported:
+    # The agent holds later flaps of a NIC for the flap hold after a change it reported:
     # wait until it has published the last state (up) and the API server has it all.
-    await running.kubelet.wait_until(lambda _: running.health() == "Healthy", FLAP_HOLD_S + WAIT)
+    await running.kubelet.wait_until(
+        lambda _: running.health() == "Healthy", SHORT.nic_flap_hold_s + WAIT
+    )
     down = running.told.count(False)
     up = running.told.count(True) - 1  # the first entry is the state at start
     await async_wait_until(

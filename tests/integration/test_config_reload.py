@@ -12,9 +12,9 @@ from typing import Any
 
 from agents.config import parse_config
 from agents.standin.kubelet import Kubelet
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.integration.conftest import AgentProcess
-from tests.integration.test_agent_lifecycle import GPU, NIC, WAIT, listed, running
+from tests.integration.test_agent_lifecycle import GPU, NIC, listed, running
 
 StartAgent = Callable[[Sequence[str]], AgentProcess]
 STARTUP = 20.0  # a new Python process and its imports, on a loaded 2-core machine

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from agents.api import dra_health_pb2
-from agents.core.xid import HOLD_S
 from agents.dra.runtime import REGISTRATION_WAIT_S
 from agents.plugin.leftovers import HELD_POLL_S
 from agents.standin.admission import AllocatedContainer, PodAllocation
@@ -25,8 +24,10 @@ from agents.standin.checkpoint import (
     write_checkpoint,
 )
 from agents.standin.podresources import PodResourcesServer
-from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node, ref
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node, ref
 from tests.standin.apistore import MERGE
+from tests.timing import SHORT
 
 __all__ = ["dra_node"]
 
@@ -198,7 +199,7 @@ async def test_an_xid_takes_the_gpu_out_of_its_slice_and_a_reset_brings_it_back(
     assert "Unhealthy" in answer.claims["late"].error
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", True))
     edit_node(lambda d: (d["gpus"][3].__setitem__("lost", False), d["gpus"][3].update(xids=[])))
-    await dra_node.wait(lambda: "gpu-3" in dra_node.devices(GPU), WAIT + HOLD_S)
+    await dra_node.wait(lambda: "gpu-3" in dra_node.devices(GPU), WAIT + SHORT.gpu_hold_s)
     answer = await dra_node.kubelet.prepare(GPU, [ref("late")])
     assert answer.claims["late"].error == ""
 
@@ -257,7 +258,7 @@ async def test_a_restart_keeps_prepared_claims_rewrites_their_specs_and_frees_go
 
     async def heir_prepared() -> bool:
         answer = await dra_node.kubelet.prepare(GPU, [ref("heir")])
-        return answer.claims["heir"].error == ""
+        return not answer.claims["heir"].error
 
     deadline = time.monotonic() + WAIT
     while not await heir_prepared():

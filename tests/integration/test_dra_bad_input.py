@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 from agents.dra.checkpoint import CHECKPOINT
-from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node, ref
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node, ref
 
 __all__ = ["dra_node"]
 

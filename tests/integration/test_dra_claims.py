@@ -4,11 +4,10 @@ one GET, not found, and an API server that does not answer within the deadline."
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
-from agents.cluster.client import Access, ApiClient
+from agents.cluster.client import ApiClient
 from agents.dra.claims import (
     AllocationResult,
     ClaimNotFoundError,
@@ -18,20 +17,6 @@ from agents.dra.claims import (
 from tests.standin.apiserver import HANG, ApiServer
 
 RESULT = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-3"}
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer(("node-1",))
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
-    async with ApiClient(Access(server.url)) as client:
-        yield client
 
 
 async def test_a_claim_is_read_with_one_get(server: ApiServer, client: ApiClient) -> None:

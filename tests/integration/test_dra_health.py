@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from agents.api import dra_health_pb2
-from agents.core.xid import HOLD_S
 from agents.roce.dra import nic_name
-from tests.integration.dra_node import GPU, NIC, NODE, WAIT, DraNode, dra_node
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node
+from tests.timing import SHORT
 from tests.veth import ip, node_on_netdev, veth_pair
 
 __all__ = ["dra_node"]
@@ -95,7 +96,7 @@ async def test_a_lost_gpu_leaves_its_slice_and_returns_after_a_reset_as_the_heal
         assert took < FAULT_OUT_WITHIN
         await dra_node.wait(lambda: seen == [healthy, unhealthy])
         edit_node(lambda d: d["gpus"][4].__setitem__("lost", False))  # the reset
-        await dra_node.wait(lambda: "gpu-4" in dra_node.devices(GPU), WAIT + HOLD_S)
+        await dra_node.wait(lambda: "gpu-4" in dra_node.devices(GPU), WAIT + SHORT.gpu_hold_s)
         await dra_node.wait(lambda: seen == [healthy, unhealthy, healthy])
     assert len(dra_node.devices(GPU)) == 8
 

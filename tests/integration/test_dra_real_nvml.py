@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from agents.core.xid import HOLD_S
-from tests.integration.dra_node import GPU, WAIT, DraNode, dra_node, ref
+from tests.conditions import PROCESS_WAIT as WAIT
+from tests.integration.dra_node import GPU, DraNode, dra_node, ref
 from tests.nvml import mig
 from tests.nvml.harness import Lab, lab_for
 from tests.nvml.state import Mig
+from tests.timing import SHORT
 
 __all__ = ["dra_node"]
 
@@ -92,7 +93,7 @@ async def test_h100_gpus_are_published_and_an_xid_takes_one_out_until_a_reset(
     assert victim in answer.claims["late"].error and "Unhealthy" in answer.claims["late"].error
 
     h100.reset(3)
-    await dra_node.wait(lambda: victim in dra_node.devices(GPU), WAIT + HOLD_S)
+    await dra_node.wait(lambda: victim in dra_node.devices(GPU), WAIT + SHORT.gpu_hold_s)
     answer = await dra_node.kubelet.prepare(GPU, [ref("late")])
     assert answer.claims["late"].error == ""
 

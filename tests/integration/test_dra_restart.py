@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from agents.dra.wiring import CLAIM_DEADLINE_S
+from tests.conditions import PROCESS_WAIT as WAIT
 from tests.integration.conftest import AgentProcess
-from tests.integration.dra_node import GPU, NIC, WAIT, DraNode, dra_node, ref
+from tests.integration.dra_node import GPU, NIC, DraNode, dra_node, ref
 from tests.standin.apiserver import HANG, REFUSE, UP
 
 __all__ = ["dra_node"]

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from agents.cluster.client import Access, ApiClient
 from agents.dra.publisher import SlicePublisher
 from agents.kernel.facts import DeviceFacts, FamilyFacts, Taint, Version
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer
 
 NODE = "node-1"
 DRIVER = "gpu.nvidia.com"
-WAIT = 10.0
 SLICES = "resourceslices"
 
 
@@ -49,7 +48,7 @@ def _gpus(n: int, driver: str = DRIVER) -> FamilyFacts:
     return FamilyFacts(driver, devices, _taint)
 
 
-def _ours(server: ApiServer, driver: str = DRIVER) -> list[dict[str, object]]:
+def _ours(server: ApiServer, driver: str = DRIVER) -> list[dict[str, Any]]:
     return sorted(
         (s for s in server.store.slices.values() if s["spec"]["driver"] == driver),
         key=lambda s: s["metadata"]["name"],
@@ -62,25 +61,6 @@ def _names(server: ApiServer) -> list[str]:
 
 def _writes(server: ApiServer) -> int:
     return sum(server.count(v, SLICES) for v in ("create", "update", "delete"))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer((NODE,))
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def client(server: ApiServer) -> AsyncIterator[ApiClient]:
-    async with ApiClient(Access(server.url), timeout_s=1.0) as client:
-        yield client
-
-
-async def _window(seconds: float) -> None:
-    """Let the publisher run for a while: what must not happen would happen within it."""
-    await asyncio.sleep(seconds)
 
 
 async def _running(publisher: SlicePublisher) -> asyncio.Task[None]:
@@ -176,7 +156,7 @@ async def test_with_taints_an_unhealthy_device_stays_tainted(
     try:
         await async_wait_until(lambda: server.count("list", SLICES) == 2, WAIT, "a new list")
         await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
-        await _window(0.5)
+        await async_wait_until(lambda: again.settled, WAIT, "the slice compared")
         assert _writes(server) == writes
     finally:
         await _stop(task)
@@ -193,7 +173,7 @@ async def test_an_api_server_that_drops_taints_is_not_written_again_and_again(
         await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "both devices")
         await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
         publisher.set(_gpus(2), {"gpu-0": "lost"})  # a pass that compares again
-        await _window(1.0)
+        await async_wait_until(lambda: publisher.settled, WAIT, "the pass")
         assert _writes(server) == 1
     finally:
         await _stop(task)
@@ -271,7 +251,7 @@ async def test_a_driver_of_more_than_128_devices_is_split(
 
 async def test_other_drivers_and_nodes_are_left_alone(server: ApiServer, client: ApiClient) -> None:
     server.store.add_node("node-2")
-    theirs = {
+    theirs: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": "theirs"},
@@ -302,7 +282,7 @@ async def test_other_drivers_and_nodes_are_left_alone(server: ApiServer, client:
 
 
 async def test_no_requests_at_rest_beyond_the_watch(server: ApiServer, client: ApiClient) -> None:
-    server.bookmark_s = 0.1  # bookmarks keep coming: they must not cause requests
+    server.bookmark_s = 0.05  # bookmarks keep coming: they must not cause requests
     publisher = SlicePublisher(NODE, client)
     publisher.set(_gpus(4), {})
     publisher.set(_ours_too := _gpus(2, "roce.node-agents.io"), {})
@@ -314,8 +294,9 @@ async def test_no_requests_at_rest_beyond_the_watch(server: ApiServer, client: A
             "both drivers' slices",
         )
         await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
-        before = len(server.calls)
-        await _window(2.0)
+        before, bookmarks = len(server.calls), server.bookmarks
+        await async_wait_until(lambda: server.bookmarks >= bookmarks + 10, WAIT, "10 bookmarks")
+        await async_wait_until(lambda: publisher.settled, WAIT, "the publisher at rest")
         assert server.calls[before:] == []
         assert server.count("watch", SLICES) == 1
     finally:

@@ -21,18 +21,8 @@ from agents.cluster.client import ApiClient
 from agents.cluster.node_labels import NodeLabeller
 from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
 from agents.kernel.catalogue import Inventory
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer, write_kubeconfig
-
-WAIT = 5.0
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer(("node-1",))
-    await server.start()
-    yield server
-    await server.stop()
 
 
 async def test_label_node_patches_only_fabric_keys_and_outlasts_an_api_server_down(
@@ -49,7 +39,10 @@ async def test_label_node_patches_only_fabric_keys_and_outlasts_an_api_server_do
     try:
         await async_wait_until(lambda: labeller._failing, WAIT, "a failed patch")
         await server.set_mode(UP)
-        node_labels = lambda: server.store.node("node-1")["metadata"]["labels"]  # noqa: E731
+
+        def node_labels() -> dict[str, str]:
+            return dict(server.store.node("node-1")["metadata"]["labels"])
+
         await async_wait_until(lambda: LEAF_GROUP in node_labels(), WAIT, "patched")
         # Ours set, the stale topograph key removed, the Node's own label kept.
         assert node_labels() == {"team": "a", LEAF_GROUP: "leaf-a"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,11 @@ from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
 from agents.daemon import Agent
 from agents.roce.family import RoceFamily, discover_nics
 from agents.sim.bundled import bundled_node
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.integration.dra_node import NIC, NODE, DraNode, dra_node
 
 __all__ = ["dra_node"]
 
-WAIT = 5.0
 LEAF_SWITCH, LEAF_PORT = "node-agents.io/leafSwitch", "node-agents.io/leafPort"
 
 
@@ -98,7 +97,10 @@ async def test_a_node_without_lldp_gets_no_fabric_labels_and_says_fabric_unknown
         )
         with capture_logs() as logs:
             task = asyncio.ensure_future(family.run())
-            said = lambda: [e for e in logs if e["event"] == "fabric_unknown"]  # noqa: E731
+
+            def said() -> list[MutableMapping[str, Any]]:
+                return [e for e in logs if e["event"] == "fabric_unknown"]
+
             await async_wait_until(said, WAIT, "fabric_unknown")
             assert family.labels() == {"roce.count": "4", "roce.healthy": "4"}
             assert all(LEAF_SWITCH not in d.attributes for d in family.facts().devices)
@@ -140,7 +142,8 @@ async def test_dra_slices_and_the_node_labels_carry_the_leaves_and_follow_edits(
         return attributes[LEAF_SWITCH]["string"], attributes[LEAF_PORT]["string"]
 
     def node_label() -> str | None:
-        return store.node(NODE)["metadata"].get("labels", {}).get(LEAF_GROUP)
+        value = store.node(NODE)["metadata"].get("labels", {}).get(LEAF_GROUP)
+        return None if value is None else str(value)
 
     await dra_node.wait(lambda: leaf("nic-0000-19-00-0") is not None)
     assert leaf("nic-0000-19-00-0") == ("leaf-a", "Ethernet1/1")  # ens1np0

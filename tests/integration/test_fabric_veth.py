@@ -17,13 +17,12 @@ from agents.config import Config
 from agents.core.fabric import LEAF_GROUP
 from agents.daemon import Agent
 from agents.sim.bundled import bundled_node
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.lldp_frames import PeerSender, frame
 from tests.veth import veth_pair
 
 pytestmark = pytest.mark.netns
 
-WAIT = 10.0
 PEER = "swp1"
 
 

@@ -31,13 +31,9 @@ from agents.hw.nvml_backend import NvmlBackend
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Kubelet, Pod
-from tests.integration.gpu_agent import (
-    WAIT,
-    Running,
-    config,
-    run_gpu_agent_to_exit,
-    running_agent,
-)
+from tests.conditions import WAIT
+from tests.families import running_family
+from tests.integration.gpu_agent import Running, config, run_gpu_agent_to_exit, running_agent
 
 NIC_RESOURCE = "rdma/roce"
 GPUS = 8
@@ -163,7 +159,7 @@ async def test_fail_on_init_error_false_serves_roce_without_gpus(
     gpu_lines = [e for e in logs if "gpu" in e["event"] or "nvml" in e["event"]]
     assert [e["event"] for e in gpu_lines] == ["gpu_family_disabled"]
     assert "NVML" in gpu_lines[0]["reason"]
-    assert agent.family(GpuFamily) is not None and agent.family(GpuFamily).resources() == []
+    assert running_family(agent, GpuFamily).resources() == []
 
 
 @needs_no_nvml
@@ -236,8 +232,7 @@ async def test_two_gpus_preferred_share_a_pcie_switch_when_nvlinks_tie(tmp_path:
     # Full NVLink mesh, one link per pair; two GPUs per PCIe switch.
     async with running_agent(tmp_path, node="h100-8gpu-4nic") as run:
         await run.registered({GPU_RESOURCE: GPUS})
-        assert run.agent.family(GpuFamily) is not None
-        gpus = run.agent.family(GpuFamily).gpus
+        gpus = running_family(run.agent, GpuFamily).gpus
         for n in range(GPUS // 2):
             ids, _ = await admit(run, f"p{n}", 2)
             assert pcie_distance(gpus, *ids) == Distance.PIX, ids
@@ -263,9 +258,9 @@ async def test_more_nvlinks_outweigh_a_shared_pcie_switch(tmp_path: Path) -> Non
     node.write_text(yaml.safe_dump(doc, sort_keys=False))
     async with running_agent(tmp_path, node=node) as run:
         await run.registered({GPU_RESOURCE: GPUS})
-        assert run.agent.family(GpuFamily) is not None
+        gpus = running_family(run.agent, GpuFamily).gpus
         ids, _ = await admit(run, "p", 2)
         assert sorted(ids) == sorted([gpu0["uuid"], gpu5["uuid"]])
-        assert pcie_distance(run.agent.family(GpuFamily).gpus, *ids) == Distance.SYS
+        assert pcie_distance(gpus, *ids) == Distance.SYS
         ids, _ = await admit(run, "q", 2)  # the rest of the mesh ties: a switch pair again
-        assert pcie_distance(run.agent.family(GpuFamily).gpus, *ids) == Distance.PIX
+        assert pcie_distance(gpus, *ids) == Distance.PIX

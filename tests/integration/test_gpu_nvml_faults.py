@@ -18,7 +18,6 @@ import pytest
 import yaml
 
 from agents.config import Config
-from agents.core.xid import HOLD_S
 from agents.gpu.discovery import discover, gpu_distance, nvlink_counts
 from agents.gpu.plan import GPU_RESOURCE
 from agents.hw.nvml import NVSWITCH_BUS_ID
@@ -29,6 +28,7 @@ from hack.benchlib.gpu_choice import choose_gpus
 from tests.conditions import async_wait_until, wait_until
 from tests.families import gpu_family
 from tests.integration.gpu_agent import running_agent
+from tests.timing import SHORT
 
 FAULT_SEEN_WITHIN = 2.0
 HANG_BOUND_S = 1.0  # the family's hang bound in these tests (10 s in the agent)
@@ -37,7 +37,7 @@ HANG_BOUND_S = 1.0  # the family's hang bound in these tests (10 s in the agent)
 async def test_transient_nvml_error_marks_unhealthy_keeps_listed_and_heals_after_hold(
     tmp_path: Path,
 ) -> None:
-    async with running_agent(tmp_path) as run:
+    async with running_agent(tmp_path, timing=SHORT) as run:
         uuids = run.gpu_uuids()
         await run.registered({GPU_RESOURCE: 8})
         await run.edit_node(lambda d: d["gpus"][2].__setitem__("nvml", {"error": "Unknown"}))
@@ -52,9 +52,10 @@ async def test_transient_nvml_error_marks_unhealthy_keeps_listed_and_heals_after
         await run.edit_node(lambda d: d["gpus"][2].pop("nvml"))
         began = time.monotonic()
         await run.kubelet.wait_until(
-            lambda _: run.devices().get(uuids[2]) == "Healthy", HOLD_S + FAULT_SEEN_WITHIN * 2
+            lambda _: run.devices().get(uuids[2]) == "Healthy",
+            SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2,
         )
-        assert time.monotonic() - began >= HOLD_S
+        assert time.monotonic() - began >= SHORT.gpu_hold_s
 
 
 async def test_opt_in_xid_recovery_heals_a_critical_xid_after_its_period(

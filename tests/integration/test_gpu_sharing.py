@@ -15,7 +15,8 @@ from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.plan import GPU_RESOURCE
 from agents.standin.endpoint import PluginEndpoint, PluginError
 from agents.standin.kubelet import AdmissionError, Container, Pod
-from tests.integration.gpu_agent import WAIT, Running, config, running_agent
+from tests.conditions import WAIT
+from tests.integration.gpu_agent import Running, config, running_agent
 
 # A ConfigMap as operators already write it for the established v1 format, unchanged.
 V1_TIME_SLICING = """\

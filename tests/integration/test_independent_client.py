@@ -17,14 +17,13 @@ import pytest
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.integration.conftest import AgentProcess
 
 GPU = "nvidia.com/gpu"
 NIC = "rdma/roce"
 REGISTERED_WITHIN = 2.0  # from process start
 REREGISTERED_WITHIN = 1.0  # from the new kubelet.sock
-WAIT = 5.0
 
 StartAgent = Callable[[Sequence[str]], AgentProcess]
 

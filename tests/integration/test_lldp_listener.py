@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import structlog.testing
@@ -273,9 +274,11 @@ async def _send_malformed(listener: LldpListener, link: Link, first: int, count:
         end = min(start + 20, first + count)
         for i in range(start, end):
             link.switch.send(_malformed(i))
-        await async_wait_until(
-            lambda end=end: listener.malformed(link.host) >= end, DEADLINE_S, f"{end} refused"
-        )
+
+        def refused(end: int = end) -> bool:
+            return listener.malformed(link.host) >= end
+
+        await async_wait_until(refused, DEADLINE_S, f"{end} refused")
 
 
 async def test_a_thousand_malformed_frames_leave_the_listener_serving_and_rss_steady(
@@ -354,7 +357,10 @@ async def test_a_flood_is_read_at_the_budget_and_the_rest_left_to_the_kernel(
         with structlog.testing.capture_logs() as logs:
             for i in range(50):
                 link.switch.send(_malformed(i))
-            throttled = lambda: [e for e in logs if e["event"] == "lldp_frames_throttled"]  # noqa: E731
+
+            def throttled() -> list[MutableMapping[str, Any]]:
+                return [e for e in logs if e["event"] == "lldp_frames_throttled"]
+
             await async_wait_until(throttled, DEADLINE_S, "throttled")
             assert listener.malformed(link.host) == 10  # a second's budget, no more
             pace.now += 1.0  # a second later: ten more, from what the kernel still holds

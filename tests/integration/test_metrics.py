@@ -29,9 +29,10 @@ from agents.gpu.plan import GPU_RESOURCE
 from agents.metrics import Metrics, MetricsServer
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import WAIT
+from tests.families import running_family
 
 NIC_RESOURCE = "rdma/roce"
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 COUNTS = {GPU_RESOURCE: 8, NIC_RESOURCE: 8}
 SUFFIXES = ("", "_total", "_count", "_sum", "_bucket", "_created")  # sample name -> family
 
@@ -195,8 +196,7 @@ async def test_admission_moves_allocation_counters_and_rpc_latency(running: Scra
 async def test_injected_xid_79_turns_one_gpu_unhealthy_and_counts_the_event(
     running: Scrapeable,
 ) -> None:
-    assert running.agent.family(GpuFamily) is not None
-    victim = running.agent.family(GpuFamily).gpus[3].uuid
+    victim = running_family(running.agent, GpuFamily).gpus[3].uuid
     await running.inject_xid(3, 79)
     await running.kubelet.wait_until(lambda k: health(k, victim) == "Unhealthy", WAIT)
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import structlog
 
-from agents.core.xid import HOLD_S
 from agents.errors import ConfigError
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.family import GpuFamily
@@ -23,9 +22,10 @@ from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Pod
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 from tests.families import gpu_family
-from tests.integration.gpu_agent import WAIT, config, run_gpu_agent_to_exit, running_agent
+from tests.integration.gpu_agent import config, run_gpu_agent_to_exit, running_agent
+from tests.timing import SHORT
 
 MIG_1G = "nvidia.com/mig-1g.10gb"
 MIG_3G = "nvidia.com/mig-3g.40gb"
@@ -184,7 +184,7 @@ def _answering(doc: dict[str, Any]) -> None:
 async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
     tmp_path: Path, fault: Callable[[dict[str, Any]], None]
 ) -> None:
-    async with running_agent(tmp_path, MIXED, node=MIXED_NODE) as run:
+    async with running_agent(tmp_path, MIXED, node=MIXED_NODE, timing=SHORT) as run:
         await run.registered({MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1})
         await run.edit_node(fault)
         await run.kubelet.wait_until(
@@ -201,5 +201,6 @@ async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
         await async_wait_until(lambda: gpu.unhealthy_reason(uuid) == "lost", WAIT, "lost")
         await run.edit_node(_answering)
         await run.kubelet.wait_until(
-            lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1}, WAIT + HOLD_S
+            lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1},
+            WAIT + SHORT.gpu_hold_s,
         )

@@ -22,8 +22,10 @@ from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
 from agents.hw.netlink import LinkState, NetlinkMonitor
-from agents.roce.family import FLAP_HOLD_S, RoceFamily
+from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
+from tests.families import running_family
+from tests.timing import SHORT
 from tests.veth import node_on_netdev, veth_pair
 
 pytestmark = [
@@ -61,7 +63,7 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
         await kubelet.start()
         stop = asyncio.Event()
         async with simulated_backends(node_file) as backends:
-            agent = Agent(Config.default(), "<test>", plugin_dir, backends)
+            agent = Agent(Config.default(), "<test>", plugin_dir, backends, timing=SHORT)
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:
@@ -89,8 +91,7 @@ async def _change(
     Returns (ms from the command to the kubelet's view, ms from the kernel's netlink event,
     as a monitor of our own receives it, to the agent's inventory change).
     """
-    assert running.agent.family(RoceFamily) is not None
-    inventory = running.agent.family(RoceFamily).resources()[0].inventory
+    inventory = running_family(running.agent, RoceFamily).resources()[0].inventory
     monitor = NetlinkMonitor()
     seen_event = seen_inventory = 0.0
 
@@ -142,12 +143,12 @@ async def test_peer_down_then_up_turns_the_nic_unhealthy_then_healthy(
         ifname=host,
         link=LinkState.UP,
         want="Healthy",
-        within=FLAP_HOLD_S + FIRST_REPORT_S,
+        within=SHORT.nic_flap_hold_s + FIRST_REPORT_S,
     )
     print(
         f"\nlink down -> kubelet Unhealthy {down_ms:.1f} ms "
         f"(netlink event -> inventory {down_push_ms:.1f} ms); "
-        f"up -> Healthy {up_ms:.1f} ms (flap hold {FLAP_HOLD_S:.0f} s)"
+        f"up -> Healthy {up_ms:.1f} ms (flap hold {SHORT.nic_flap_hold_s:g} s)"
     )
     assert down_ms < FIRST_REPORT_S * 1000
     assert down_push_ms < FIRST_REPORT_S * 1000  # ~ms when idle; loose on a loaded machine

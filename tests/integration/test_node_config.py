@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,11 +29,8 @@ DEADLINE = 10.0  # a label change or a ConfigMap update applied within this
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ApiServer]:
-    server = ApiServer((NODE,))
-    await server.start()
-    yield server
-    await server.stop()
+def api_nodes() -> tuple[str, ...]:
+    return (NODE,)
 
 
 def configmap(directory: Path, configs: dict[str, str]) -> Path:

@@ -19,13 +19,13 @@ import yaml
 from agents.backends import simulated_backends
 from agents.config import Config
 from agents.core.fabric import LEAF_GROUP
-from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
+from tests.families import running_family
+from tests.timing import SHORT
 
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 PREFIX = "node-agents.io/"
 VALID_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 KEYS = {
@@ -84,7 +84,12 @@ async def labelled(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Labelled]:
     stop = asyncio.Event()
     async with simulated_backends(node_file) as backends:
         agent = Agent(
-            Config.default(), "<defaults>", plugin_dir, backends, nfd_features_file=features
+            Config.default(),
+            "<defaults>",
+            plugin_dir,
+            backends,
+            nfd_features_file=features,
+            timing=SHORT,
         )
         await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
@@ -126,18 +131,19 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
     assert labelled.labels()[PREFIX + "gpu.count"] == "8"
 
     # Healthy again after a reset (lost, then answering), not by taking the XID out.
-    uuid = labelled.agent.family(GpuFamily).gpus[2].uuid if labelled.agent.family(GpuFamily) else ""
+    uuid = running_family(labelled.agent, GpuFamily).gpus[2].uuid
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", True))
     await async_wait_until(lambda: _reason(labelled, uuid) == "lost", WAIT, "lost")
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", False))
     await async_wait_until(
-        lambda: labelled.labels().get(PREFIX + "gpu.healthy") == "8", WAIT + HOLD_S, "healthy"
+        lambda: labelled.labels().get(PREFIX + "gpu.healthy") == "8",
+        WAIT + SHORT.gpu_hold_s,
+        "healthy",
     )
 
 
 def _reason(labelled: Labelled, uuid: str) -> str | None:
-    assert labelled.agent.family(GpuFamily) is not None
-    return labelled.agent.family(GpuFamily).unhealthy_reason(uuid)
+    return running_family(labelled.agent, GpuFamily).unhealthy_reason(uuid)
 
 
 async def test_nic_link_down_rewrites_the_roce_healthy_count(labelled: Labelled) -> None:
@@ -177,7 +183,11 @@ async def test_readers_only_ever_see_whole_files_and_no_temp_files_remain(
 ) -> None:
     await labelled.label_becomes("gpu.healthy", "8")
     for n in range(3):  # three rewrites: one more GPU with an XID each time
-        labelled.edit_node(lambda node, n=n: node["gpus"][5 + n]["xids"].append(79))
+
+        def xid(node: dict[str, Any], n: int = n) -> None:
+            node["gpus"][5 + n]["xids"].append(79)
+
+        labelled.edit_node(xid)
         await labelled.label_becomes("gpu.healthy", str(7 - n))
     last = f"{PREFIX}gpu.healthy=5"
     await async_wait_until(lambda: any(last in text for text in reader.seen), WAIT, "read")

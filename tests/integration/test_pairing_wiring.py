@@ -95,9 +95,12 @@ async def test_update_writes_that_flip_health_back_do_not_end_the_container(
         gpu.allocated(got)  # the container's first resource
         held = [CheckpointEntry("pod", "main", "nvidia.com/gpu", {0: got}, b"")]
         for fpga in ([], ["f0"]):  # flip, flip back: each rename read as it comes
-            reads = checkpoint.reads
+
+            def read(before: int = checkpoint.reads) -> bool:
+                return checkpoint.reads > before
+
             write(held, fpga)
-            await async_wait_until(lambda r=reads: checkpoint.reads > r, 5.0, "rename read")
+            await async_wait_until(read, 5.0, "rename read")
         partner = {f"n{got[0][1:]}"}
         assert set(nic.prefer(sorted(nics), [], 1) or []) == partner
     finally:

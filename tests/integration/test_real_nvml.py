@@ -18,6 +18,7 @@ import pytest
 
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.nvml.harness import (
     LIBRARIES,
     MOCK_TTL_S,
@@ -36,7 +37,6 @@ from tests.nvml.harness import (
 from tests.nvml.nodes import REPO
 
 GPU = "nvidia.com/gpu"
-START_WAIT = 30.0  # a subprocess start on a loaded 2-core machine
 FAULT_SEEN_WITHIN = 2.0  # after the library shows the fault
 FAULTS = {1: "fallen_off_bus", 2: "ecc_uncorrectable", 3: "lost"}  # NVML index -> mode
 SIGTERM_WITHIN = 5.0
@@ -82,7 +82,8 @@ async def run(
     request: pytest.FixtureRequest, replicas: int, tmp_path: Path, plugin_dir: Path
 ) -> AsyncIterator[Run]:
     """The agent with its default migStrategy (none): MIG GPUs are offered whole."""
-    lab = lab_for(*request.param, tmp_path)
+    library, node = request.param
+    lab = lab_for(library, node, tmp_path)
     kubelet = Kubelet(plugin_dir, seed=5)
     await kubelet.start()
     args: list[str] = []
@@ -121,7 +122,11 @@ async def test_real_backend_serves_and_reports_each_injected_fault(
         run.lab.fail(index, mode)
         began = time.monotonic()
         want = run.ids(list(run.lab.failing))
-        await run.kubelet.wait_until(lambda _k, want=want: run.unhealthy() == want, 10)
+
+        def shown(_k: Kubelet, want: set[str] = want) -> bool:
+            return run.unhealthy() == want
+
+        await run.kubelet.wait_until(shown, 10)
         seen[mode] = time.monotonic() - began
         assert seen[mode] < MOCK_TTL_S + FAULT_SEEN_WITHIN, (mode, seen[mode])
         assert run.agent.alive()

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.core.xid import HOLD_S
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.hw.nvml_calls import HANG_S
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.nvml.harness import AgentProcess, Lab, health, start_agent, unhealthy
+from tests.timing import SHORT
 
 GPU = "nvidia.com/gpu"
-START_WAIT = 30.0
 FAULT_SEEN_WITHIN = 2.0
 SIGTERM_WITHIN = 2.0
 
@@ -50,7 +50,7 @@ async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Run]:
     lab = Lab("own", "h100", tmp_path)
     kubelet = Kubelet(plugin_dir, seed=3)
     await kubelet.start()
-    agent = start_agent(lab, plugin_dir, tmp_path / "agent.stderr")
+    agent = start_agent(lab, plugin_dir, tmp_path / "agent.stderr", short_timing=True)
     try:
         run = Run(kubelet, agent, lab)
         await kubelet.wait_until(lambda _k: len(run.health()) == 8, START_WAIT)
@@ -71,8 +71,8 @@ async def test_an_error_answer_turns_the_gpu_unhealthy_until_it_answers_for_the_
         assert await run.shows({2}, FAULT_SEEN_WITHIN * 2) < FAULT_SEEN_WITHIN
         assert len(run.health()) == 8  # still listed
         run.lab.reset(2)
-        healed = await run.shows(set(), HOLD_S + FAULT_SEEN_WITHIN * 2)
-        assert healed >= HOLD_S - 0.5  # the hold: NVML answers normally for a while first
+        healed = await run.shows(set(), SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2)
+        assert healed >= SHORT.gpu_hold_s - 0.1  # the hold: NVML answers normally for a while first
         assert run.agent.alive()
 
 
@@ -107,7 +107,7 @@ async def test_a_reset_gpu_is_healthy_again(tmp_path: Path, plugin_dir: Path) ->
         run.lab.fail(4, "fallen_off_bus")
         await run.shows({4}, FAULT_SEEN_WITHIN * 2)
         run.lab.reset(4)
-        await run.shows(set(), HOLD_S + FAULT_SEEN_WITHIN * 2)
+        await run.shows(set(), SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2)
 
 
 async def test_a_hung_gpu_turns_unhealthy_after_the_bound_and_blocks_nothing_else(

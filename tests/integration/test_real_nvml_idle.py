@@ -1,5 +1,5 @@
 """An idle agent on the real NVML backend (pynvml over the project's NVML library) starts
-no threads: its event waits, one a second, run on a thread that lives as long as NVML
+no threads: its event waits, one per probe period, run on a thread that lives as long as NVML
 does, and XIDs still arrive through it."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import os
 import time
 from pathlib import Path
 
-from agents.gpu.family import PROBE_INTERVAL_S
 from agents.standin.kubelet import Kubelet
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.conditions import async_wait_until
 from tests.nvml.harness import Lab, health, start_agent, unhealthy
+from tests.timing import SHORT
 
-START_WAIT = 30.0  # a subprocess start on a loaded 2-core machine
 FAULT_SEEN_WITHIN = 2.0
-WAIT_PERIODS = 5  # event waits at rest, each of PROBE_INTERVAL_S
+WAIT_PERIODS = 5  # event waits at rest, each of SHORT.gpu_probe_s
 XID_FALLEN_OFF_BUS = 79
 
 
@@ -29,7 +29,7 @@ async def test_an_idle_agent_starts_no_thread_across_event_waits_and_still_sees_
     lab = Lab("own", "h100", tmp_path)
     kubelet = Kubelet(plugin_dir, seed=3)
     await kubelet.start()
-    agent = start_agent(lab, plugin_dir, tmp_path / "agent.stderr")
+    agent = start_agent(lab, plugin_dir, tmp_path / "agent.stderr", short_timing=True)
     pid = agent.process.pid
     try:
         await kubelet.wait_until(lambda k: len(health(k)) == 8 and not unhealthy(k), START_WAIT)
@@ -43,10 +43,10 @@ async def test_an_idle_agent_starts_no_thread_across_event_waits_and_still_sees_
 
         def rested_or_threaded() -> bool:
             new.update(thread_ids(pid) - first)
-            return bool(new) or time.monotonic() - began >= WAIT_PERIODS * PROBE_INTERVAL_S
+            return bool(new) or time.monotonic() - began >= WAIT_PERIODS * SHORT.gpu_probe_s
 
         # The rest itself is the measure: every thread ID listed meanwhile is looked at.
-        await async_wait_until(rested_or_threaded, WAIT_PERIODS * PROBE_INTERVAL_S + 10)
+        await async_wait_until(rested_or_threaded, WAIT_PERIODS * SHORT.gpu_probe_s + 10)
         assert not new, f"threads started at rest: {sorted(new)}"
         assert thread_ids(pid) == first
         lab.node.xid(5, XID_FALLEN_OFF_BUS)

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import PROCESS_WAIT as START_WAIT
 from tests.nvml.harness import AgentProcess, Lab, start_agent
 from tests.nvml.nodes import MIG_LAYOUTS, with_mig
 
 GPU = "nvidia.com/gpu"
-START_WAIT = 30.0
 FAULT_WAIT = 10.0
 XID_FELL_OFF_BUS = 79
 XID_APPLICATION = 13  # a graphics engine exception: the application's fault, not the GPU's

@@ -26,11 +26,11 @@ from agents.roce.family import discover_nics
 from agents.roce.kind import RoceKind
 from agents.sim.nvml import SimNvml
 from agents.standin.kubelet import Container, Kubelet, Pod, PodAllocation
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
+from tests.families import plugin_manager
 from tests.integration.conftest import AgentProcess
 
 GPU, NIC = "nvidia.com/gpu", "rdma/roce"
-WAIT = 4.0  # generous for a loaded 2-core machine; a healthy run takes milliseconds
 STARTUP = 20.0  # a new Python process and its imports
 RELOADS = 50
 # Each differs from the other and from the defaults in both families' sections, with the
@@ -57,6 +57,9 @@ class Failing:
     def build(self, found: Any, config: Config, context: Context) -> Family:
         return self._kind.build(found, config, context)
 
+    def named_devices(self, config: Config) -> Config:
+        return self._kind.named_devices(config)
+
 
 @dataclass
 class Running:
@@ -76,8 +79,8 @@ class Running:
     def state(self) -> tuple[object, ...]:
         """Everything a reload may change, by identity where identity is the point."""
         agent = self.agent
-        assert agent.manager is not None and agent.pairing is not None
-        servers = agent.manager.servers
+        assert agent.pairing is not None
+        servers = plugin_manager(agent).servers
         nvml = self.backends.nvml
         assert isinstance(nvml, SimNvml)
         return (
@@ -195,7 +198,11 @@ async def test_50_sighup_reloads_under_steady_rpcs_cost_no_pair_and_no_error(
         for n in range(RELOADS):
             config.write_text(CONFIGS[n % 2])
             agent.process.send_signal(signal.SIGHUP)
-            await async_wait_until(lambda n=n: reloaded() == n + 1, WAIT, f"reload {n + 1}")
+
+            def done(n: int = n) -> bool:
+                return reloaded() == n + 1
+
+            await async_wait_until(done, WAIT, f"reload {n + 1}")
             assert not admitting.done()
     finally:
         reloading = False

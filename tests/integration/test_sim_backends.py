@@ -13,11 +13,10 @@ from agents.config import Config
 from agents.daemon import Agent
 from agents.errors import ConfigError
 from agents.families import parse_families
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 
 NETLINK_ROUTE = 0
 RTMGRP_LINK = 0x1
-WAIT = 4.0
 
 
 def _link_watch_sockets() -> set[int]:

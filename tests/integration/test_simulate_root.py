@@ -10,11 +10,11 @@ from pathlib import Path
 
 from agents.sim.root import SUBTREE
 from agents.standin.kubelet import Container, Kubelet, Pod
+from tests.conditions import WAIT
 from tests.integration.conftest import AgentProcess
 
 GPU = "nvidia.com/gpu"
 NIC = "rdma/roce"
-WAIT = 10.0
 
 StartAgent = Callable[[Sequence[str]], AgentProcess]
 

@@ -20,12 +20,11 @@ import structlog.testing
 from agents.api import api_pb2, api_pb2_grpc
 from agents.kernel.kubelet_facts import PodResources, listing_of
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 
 GPU = "example.com/gpu"
 NIC = "example.com/nic"
 FPGA = "example.com/fpga"
-WAIT = 5.0
 
 Preferred = Callable[[list[str], list[str], int], list[str]]
 

@@ -22,6 +22,7 @@ from agents.standin.kubelet import Kubelet
 from tests.nvml import nodes, state
 from tests.nvml.library import nvml_env
 from tests.nvml.state import NvmlNode
+from tests.timing import AGENT, SHORT_AGENT
 
 MOCK_DIR = Path(os.environ["MOCK_NVML_DIR"]) if os.environ.get("MOCK_NVML_DIR") else None
 MOCK_PROFILES = Path(os.environ.get("MOCK_NVML_PROFILES") or (MOCK_DIR or Path()) / "profiles")
@@ -141,13 +142,17 @@ class AgentProcess:
         self.process.wait(10)
 
 
-def start_agent(lab: Lab, plugin_dir: Path, stderr_path: Path, *args: str) -> AgentProcess:
-    """`node-agent run --families gpu` on the real NVML backend over the lab's library."""
+def start_agent(
+    lab: Lab, plugin_dir: Path, stderr_path: Path, *args: str, short_timing: bool = False
+) -> AgentProcess:
+    """`node-agent run --families gpu` on the real NVML backend over the lab's library; on
+    tests/timing.py's short hold times and probe periods if asked."""
     started = time.monotonic()
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "agents.cli", "run", "--families", "gpu"),
+                *(sys.executable, *(SHORT_AGENT if short_timing else AGENT)),
+                *("run", "--families", "gpu"),
                 *("--device-plugin-dir", str(plugin_dir), *args),
             ],
             env=lab.env(),

@@ -14,6 +14,7 @@ import shutil
 import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
-from agents.sim.node import parse_node
+from agents.sim.node import NodeSpec, parse_node
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod, PodAllocation
 from hack.benchlib.agent import GPU, NIC, AgentProcess
 from hack.benchlib.nodes import write_yaml
@@ -154,7 +155,7 @@ async def test_kubelet_restarts_reregister_every_time_without_leaks(
         await kubelet.stop()
         mark = len(kubelet.registrations)
         await kubelet.start()
-        await agent_settles(kubelet, agent, lambda k, m=mark: registered_since(k, m))
+        await agent_settles(kubelet, agent, partial(registered_since, mark=mark))
         await admit_some(kubelet, rng, f"restart-{n}", live)
         assert sockets(agent.plugin_dir) == expected_sockets
         fds.append(agent.fd_count())
@@ -185,7 +186,7 @@ async def test_agent_killed_under_load_comes_back_and_allocations_stay(
         assert {p for p in stale if p.startswith("node-agent-")}, "SIGKILL leaves stale sockets"
         mark = len(kubelet.registrations)
         agent.start()
-        await agent_settles(kubelet, agent, lambda k, m=mark: registered_since(k, m))
+        await agent_settles(kubelet, agent, partial(registered_since, mark=mark))
         # The agent comes back with every device, healthy, under the same IDs ...
         await agent_settles(kubelet, agent, lambda k: advertised(k) == before)
         # ... and serves the next pod beside those admitted before it died.
@@ -259,7 +260,11 @@ async def test_node_file_churn_ends_with_health_exactly_as_the_health_model_says
                 write_yaml(node, doc)
                 if n % 10 == 0:  # now and then let an edit land before the next one
                     spec = parse_node(node.read_text(), str(node))
-                    await async_wait_until(lambda s=spec: sim.spec == s, WAIT, "edit applied")
+
+                    def applied(spec: NodeSpec = spec) -> bool:
+                        return sim.spec == spec
+
+                    await async_wait_until(applied, WAIT, "edit applied")
             # After the churn a GPU's health depends on which XIDs and resets the agent
             # saw; settle it: every GPU falls off the bus, then some come back (a reset).
             gpu = agent.family(GpuFamily)

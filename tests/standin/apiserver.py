@@ -96,6 +96,7 @@ class ApiServer:
         self.mode = UP
         self.port = port
         self.bookmark_s = BOOKMARK_S
+        self.bookmarks = 0  # BOOKMARK events sent, on every watch
         self.delay_s = 0.0  # a slow API server: each answer waits this long
         self._failures: deque[tuple[int, str | None]] = deque()
         self._server: asyncio.Server | None = None
@@ -338,6 +339,7 @@ class ApiServer:
                     if bookmarks and loop.time() < deadline:
                         version = self.store.version  # nothing it watches changed since
                         _line(writer, "BOOKMARK", _bookmark(kind, version))
+                        self.bookmarks += 1
         finally:
             self._watches.discard(wake)
         writer.write(b"0\r\n\r\n")
@@ -374,11 +376,11 @@ def _selected(request: Request) -> Match:
             if (str(obj.get(part, {}).get(key) or "") == value) != equal:
                 return False
         have = obj.get("metadata", {}).get("labels") or {}
-        for key, equal, value in labels:
-            if value is None:
-                if (key in have) != equal:
+        for name, equal, wanted in labels:
+            if wanted is None:
+                if (name in have) != equal:
                     return False
-            elif (have.get(key) == value) != equal:
+            elif (have.get(name) == wanted) != equal:
                 return False
         return True
 

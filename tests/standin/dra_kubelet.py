@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,7 +250,7 @@ class DraKubelet:
 
     async def watch_health(
         self, driver: str
-    ) -> AsyncIterator[dra_health_pb2.NodeWatchResourcesResponse]:
+    ) -> AsyncGenerator[dra_health_pb2.NodeWatchResourcesResponse]:
         """The driver's health stream, until the driver ends it (or the caller stops)."""
         channel = self._channel(self._registration(driver))
         call = dra_health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(

@@ -52,7 +52,7 @@ def test_kubeconfig_token_file_is_relative_to_the_kubeconfig(tmp_path: Path) -> 
 
 
 def test_kubeconfig_with_a_bad_ca_is_refused(tmp_path: Path) -> None:
-    cluster = {
+    cluster: dict[str, object] = {
         "server": "https://h",
         "certificate-authority-data": base64.b64encode(b"junk").decode(),
     }

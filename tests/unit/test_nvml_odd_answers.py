@@ -102,6 +102,7 @@ class FakeLib:
         if name == "nvmlEventSetWait_v2":
             if self.wait is not None:
                 return self.wait()
+            # NVML's own wait, timing out (at most 50 ms here): what the fake stands for
             time.sleep(min(int(args[1]), 50) / 1000)  # type: ignore[call-overload]
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         if name == "nvmlShutdown":
@@ -210,11 +211,16 @@ def test_a_growing_uncorrectable_ecc_count_reads_as_xid_48(lib: FakeLib) -> None
 
 
 async def test_shutdown_returns_while_an_event_wait_hangs(lib: FakeLib) -> None:
-    hang = threading.Event()
-    lib.wait = hang.wait  # nvmlEventSetWait that never returns (until the test ends)
+    entered, hang = threading.Event(), threading.Event()
+
+    def wait() -> object:  # nvmlEventSetWait that never returns (until the test ends)
+        entered.set()
+        return hang.wait()
+
+    lib.wait = wait
     backend = _backend(lib)
     waiting = asyncio.ensure_future(backend.next_events(30))
-    await asyncio.sleep(0.1)  # the wait is in the driver now (nothing to wait on instead)
+    await async_wait_until(entered.is_set, what="the wait is in the driver")
     began = time.monotonic()
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
@@ -253,7 +259,7 @@ async def test_event_waits_share_one_thread_that_outlives_a_failed_wait(lib: Fak
 
 
 def _timeout() -> object:
-    time.sleep(0.01)
+    time.sleep(0.01)  # a short wait of NVML's own that ends without events
     raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
 
 

@@ -1,0 +1,26 @@
+"""How long the agent holds and how often it looks: one value with the production
+defaults, passed to every family, so that tests run the same code on short times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agents.core.xid import HOLD_S
+
+PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
+# A RoCE port's state follows its netdev's carrier, whose changes netlink pushes at once:
+# the poll is a backstop, and reading every NIC's port file each second cost a third of
+# an idle agent's CPU time.
+PORT_POLL_S = 5.0
+FLAP_HOLD_S = 2.0  # after a reported change, later flaps of that NIC wait this long
+
+
+@dataclass(frozen=True)
+class Timing:
+    gpu_hold_s: float = HOLD_S  # NVML answers normally this long before a GPU is Healthy
+    gpu_probe_s: float = PROBE_INTERVAL_S  # NVML is asked about every GPU this often
+    nic_flap_hold_s: float = FLAP_HOLD_S
+    nic_port_poll_s: float = PORT_POLL_S
+
+
+PRODUCTION = Timing()
