@@ -20,7 +20,7 @@ import structlog
 from agents.apis import PLAIN
 from agents.backends import Backends
 from agents.config import Config
-from agents.core.node_report import DeviceHealth
+from agents.core.health import DeviceHealth
 from agents.families import KINDS
 from agents.family import Context, Family, FamilyKind, FamilyResource, config_view
 from agents.health import HealthFanout

@@ -19,6 +19,7 @@ import yaml
 
 from agents.backends import simulated_backends
 from agents.config import Config
+from agents.core.health import GpuLost
 from agents.core.topology import Topology
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
@@ -143,7 +144,7 @@ class Demo:
         self.out(f"Resetting {names[victim.uuid]} (it leaves the bus, then answers again) ...")
         await self._edit_and_wait(
             lambda node: node["gpus"][5].update(xids=[], lost=True),
-            lambda _k: gpu.unhealthy_reason(victim.uuid) == "lost",
+            lambda _k: isinstance(gpu.unhealthy_cause(victim.uuid), GpuLost),
         )
         seen = await self._edit_and_wait(
             lambda node: node["gpus"][5].__setitem__("lost", False),

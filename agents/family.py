@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agents.config import Config
+from agents.core.health import DeviceHealth
 from agents.core.ledger import PairingSide
-from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import ContainerEdits, DeviceKey

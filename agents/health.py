@@ -8,12 +8,10 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from agents.core.node_report import DeviceHealth
+from agents.core.health import DeviceHealth, Grade
 from agents.kernel.telemetry import NoTelemetry, Telemetry
 
 log = structlog.get_logger(__name__)
-
-HOLDING = "holding"  # recovering after an error: still Unhealthy, no news
 
 
 class HealthFanout:
@@ -35,18 +33,20 @@ class HealthFanout:
             key = state.resource, state.device_id
             before = self._known.get(key)
             self._known[key] = state
-            was_healthy = before is None or before.healthy
-            if was_healthy != state.healthy:
-                self._telemetry.health_event(state.resource, state.reason or "recovered")
-            elif state.healthy or state.reason in (HOLDING, before.reason if before else None):
+            was = Grade.HEALTHY if before is None else before.grade
+            same = before is not None and state.cause == before.cause
+            if was is not state.grade:
+                self._telemetry.health_event(state)
+            elif state.cause is None or not state.cause.news or same:
                 continue  # no news: Healthy still, recovering, or the same fault again
             self._tell(state)
 
     def _tell(self, state: DeviceHealth) -> None:
         where = {"resource": state.resource, "device": state.device_id, "where": state.where}
-        if state.healthy:
+        if state.cause is None:
             log.info("device_healthy", **where)
         else:
-            log.warning("device_unhealthy", **where, reason=state.reason)
+            event = f"device_{state.grade.value.lower()}"  # device_unhealthy, device_degraded
+            log.warning(event, **where, reason=state.cause.label)
         if self._reporter is not None:
             self._reporter(state)

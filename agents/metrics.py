@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents import __version__
+from agents.core.health import DeviceHealth
 from agents.errors import ConfigError
 from agents.kernel.catalogue import Resource
 
@@ -75,8 +76,9 @@ class Metrics:
     def registered(self, resource: str) -> None:
         self.registrations.labels(resource).inc()
 
-    def health_event(self, resource: str, reason: str) -> None:
-        self.health_events.labels(resource, reason).inc()
+    def health_event(self, change: DeviceHealth) -> None:
+        reason = "recovered" if change.cause is None else change.cause.label
+        self.health_events.labels(change.resource, reason).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

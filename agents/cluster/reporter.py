@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 import structlog
 
 from agents.cluster.client import ApiClient, ApiError, UnreachableError
+from agents.core.health import DeviceHealth
 from agents.core.node_report import (
     CONDITION_TYPE,
     Condition,
-    DeviceHealth,
     EventBook,
     EventRecord,
     condition_of,

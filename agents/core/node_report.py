@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agents.core.health import DeviceHealth, Grade
+
 CONDITION_TYPE = "DevicesHealthy"
 UNHEALTHY_REASON = "DeviceUnhealthy"
 HEALTHY_REASON = "DeviceHealthy"
@@ -13,57 +15,6 @@ ALL_HEALTHY_REASON = "DevicesHealthy"
 WARNING, NORMAL = "Warning", "Normal"
 MESSAGE_LIMIT = 1024  # a condition message lists at most this many characters
 MAX_RECORDS = 512  # kinds of change remembered; the oldest is forgotten beyond this
-
-# What an operator knows these XIDs by (NVIDIA's XID catalogue).
-XID_NAMES = {
-    48: "uncorrectable ECC",
-    63: "ECC page retirement",
-    64: "ECC page retirement failed",
-    74: "NVLink error",
-    79: "fell off the bus",
-    92: "high single-bit ECC rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP timeout",
-    120: "GSP error",
-}
-FIXED_CAUSES = {
-    "lost": "NVML: GPU is lost",
-    "hung": "NVML: no answer (hung)",
-    "holding": "recovering: NVML answers again",
-}
-
-
-@dataclass(frozen=True)
-class DeviceHealth:
-    """One advertised device as the cluster is told of it."""
-
-    resource: str  # nvidia.com/gpu
-    device_id: str  # the kubelet's device ID (a replica's GPU: the GPU's UUID)
-    where: str  # "GPU 3", "MIG 0:1", "interface ens1np0"
-    healthy: bool
-    reason: str | None = None  # the family's reason: "xid=79", "lost", "link_down", ...
-
-
-def cause(reason: str | None) -> str:
-    """A family's reason as an operator reads it: "xid=79" -> "XID 79 (fell off the bus)"."""
-    if reason is None:
-        return "healthy"
-    if reason in FIXED_CAUSES:
-        return FIXED_CAUSES[reason]
-    if reason.startswith("xid="):
-        return ", ".join(_xid(x) for x in reason.removeprefix("xid=").split(","))
-    if reason.startswith("nvml: "):
-        return "NVML: " + reason.removeprefix("nvml: ")
-    if reason.startswith(("link_", "port_")):
-        kind, _, state = reason.partition("_")
-        return f"{'link' if kind == 'link' else 'RDMA port'} {state.replace('_', ' ')}"
-    return reason
-
-
-def _xid(text: str) -> str:
-    name = XID_NAMES.get(int(text)) if text.isdigit() else None
-    return f"XID {text} ({name})" if name else f"XID {text}"
 
 
 @dataclass(frozen=True)
@@ -78,10 +29,10 @@ class EventNote:
 
 def note_of(change: DeviceHealth) -> EventNote:
     what = f"{change.resource} device {change.device_id} ({change.where})"
-    if change.healthy:
+    if change.cause is None:
         key = (change.resource, change.device_id, True, "")
         return EventNote(key, NORMAL, HEALTHY_REASON, f"{what} is Healthy again")
-    text = cause(change.reason)
+    text = change.cause.text()
     key = (change.resource, change.device_id, False, text)
     return EventNote(key, WARNING, UNHEALTHY_REASON, f"{what} is Unhealthy: {text}")
 
@@ -96,10 +47,10 @@ class Condition:
 def condition_of(devices: Iterable[DeviceHealth]) -> Condition:
     """The `DevicesHealthy` condition of the node, from every advertised device."""
     everything = list(devices)
-    bad = [d for d in everything if not d.healthy]
+    bad = [(d, d.cause) for d in everything if d.cause and d.cause.grade is Grade.UNHEALTHY]
     if not bad:
         return Condition("True", ALL_HEALTHY_REASON, f"all {len(everything)} devices are Healthy")
-    parts = [f"{d.resource} {d.device_id} ({d.where}): {cause(d.reason)}" for d in bad]
+    parts = [f"{d.resource} {d.device_id} ({d.where}): {cause.text()}" for d, cause in bad]
     head = f"{len(bad)} of {len(everything)} devices Unhealthy: "
     message = head + "; ".join(parts)
     if len(message) > MESSAGE_LIMIT:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agents.core.health import Cause, GpuLost, Holding, Xids
+
 # Raised by faults in the user's application (illegal address, MMU fault, reset
 # channel, preemptive cleanup, video processor exception, context switch timeout),
 # not by the GPU: the next container on the same GPU is fine, so they never mark it
@@ -29,7 +31,7 @@ class HealthPolicy:
 @dataclass
 class _Gpu:
     xids: dict[int, float] = field(default_factory=dict)  # critical XID -> last delivered
-    failing: str | None = None  # why NVML's last answer was not normal
+    failing: Cause | None = None  # why NVML's last answer was not normal
     answering_since: float | None = None  # first normal answer after a failure
     lost: bool = False  # seen lost since it last answered normally
 
@@ -62,12 +64,12 @@ class GpuHealth:
         xids[xid] = now
         return new
 
-    def answered(self, uuid: str, now: float, failing: str | None, lost: bool = False) -> None:
+    def answered(self, uuid: str, now: float, failing: Cause | None) -> None:
         """Record NVML's answer: failing=None for a normal one, else why it was not."""
         gpu = self._gpu(uuid)
         if failing is not None:
             gpu.failing, gpu.answering_since = failing, None
-            gpu.lost = gpu.lost or lost
+            gpu.lost = gpu.lost or isinstance(failing, GpuLost)
             return
         if gpu.failing is not None:
             gpu.failing, gpu.answering_since = None, now
@@ -75,9 +77,9 @@ class GpuHealth:
             gpu.lost = False
             gpu.xids.clear()
 
-    def reason(self, uuid: str, now: float) -> str | None:
-        """Why the GPU is Unhealthy now ("lost", "xid=79", "nvml: Unknown", "hung"); None
-        when it is Healthy."""
+    def cause(self, uuid: str, now: float) -> Cause | None:
+        """Why the GPU is Unhealthy now (lost, critical XIDs, an NVML error, hung, holding);
+        None when it is Healthy."""
         gpu = self._gpu(uuid)
         if gpu.failing is not None:
             return gpu.failing
@@ -87,10 +89,10 @@ class GpuHealth:
             if now - quiet_since >= recovery:
                 gpu.xids.clear()
         if gpu.xids:
-            return "xid=" + ",".join(str(x) for x in sorted(gpu.xids))
+            return Xids(tuple(sorted(gpu.xids)))
         since = gpu.answering_since
         if since is not None and now - since < self.policy.hold_s:
-            return "holding"
+            return Holding()
         return None
 
     def _gpu(self, uuid: str) -> _Gpu:

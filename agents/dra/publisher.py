@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from agents.cluster.client import ApiClient, ApiError, GoneError, UnreachableError, WatchEvent
+from agents.core.health import Cause
 from agents.dra.slices import SLICES_PATH, build_slices, same_spec
 from agents.kernel.facts import FamilyFacts
 from agents.tasks import first
@@ -50,8 +51,8 @@ class SlicePublisher:
         self._taints = device_taints
         self._first_retry_s, self._max_retry_s = first_retry_s, max_retry_s
         self._watch_timeout_s = watch_timeout_s
-        self._wanted: dict[str, tuple[FamilyFacts, dict[str, str | None]]] = {}
-        self._refused: dict[str, tuple[FamilyFacts, dict[str, str | None]]] = {}
+        self._wanted: dict[str, tuple[FamilyFacts, dict[str, Cause]]] = {}
+        self._refused: dict[str, tuple[FamilyFacts, dict[str, Cause]]] = {}
         self._observed: dict[str, Obj] = {}  # this node's slices, as last listed or watched
         self._written: dict[str, tuple[str, Obj]] = {}  # name: (resourceVersion, spec) we wrote
         self._node_uid = ""
@@ -60,9 +61,9 @@ class SlicePublisher:
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
 
-    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, str | None]) -> None:
+    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, Cause]) -> None:
         """Publish `devices` of their driver, the Unhealthy ones (by name, with their
-        reasons) left out or tainted. Never waits: the API calls happen in `run`."""
+        causes) left out or tainted. Never waits: the API calls happen in `run`."""
         self._wanted[devices.driver] = (devices, dict(unhealthy))
         self._wake.set()
 
@@ -160,9 +161,7 @@ class SlicePublisher:
             log.error("resource_slice_refused", driver=driver, error=str(exc))
             self._refused[driver] = wanted
 
-    async def _sync(
-        self, driver: str, devices: FamilyFacts, unhealthy: dict[str, str | None]
-    ) -> None:
+    async def _sync(self, driver: str, devices: FamilyFacts, unhealthy: dict[str, Cause]) -> None:
         """Make the driver's slices what they should be: the pool's generation goes up
         when a stored slice changes or goes, so the scheduler never mixes old and new."""
         ours = {
@@ -186,7 +185,7 @@ class SlicePublisher:
             log.info("resource_slice_deleted", name=name, driver=driver)
 
     def _build(
-        self, devices: FamilyFacts, unhealthy: dict[str, str | None], generation: int
+        self, devices: FamilyFacts, unhealthy: dict[str, Cause], generation: int
     ) -> dict[str, Obj]:
         slices = build_slices(
             self.node,

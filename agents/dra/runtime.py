@@ -14,10 +14,11 @@ from typing import Any, Protocol
 
 import structlog
 
-from agents.core.node_report import DeviceHealth, cause
+from agents.core.health import Cause, Grade
 from agents.dra.claims import Claim
 from agents.dra.driver import ClaimRef, Driver, Store
 from agents.dra.server import DriverServer
+from agents.dra.slices import causes_of
 from agents.errors import ConfigError
 from agents.kernel.catalogue import Resource
 from agents.kernel.facts import FamilyFacts
@@ -43,10 +44,10 @@ class DraSettings:
 
 
 class Slices(Protocol):
-    """Publishes each driver's devices, the Unhealthy ones (by name, with their reasons)
+    """Publishes each driver's devices, the Unhealthy ones (by name, with their causes)
     left out or tainted; `set` returns at once, `run` does the requests."""
 
-    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, str | None]) -> None: ...
+    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, Cause]) -> None: ...
 
     async def run(self) -> None: ...
 
@@ -192,10 +193,10 @@ class DraRuntime:
 
     def _published(
         self, family: Offer, devices: FamilyFacts, resources: Mapping[str, Resource]
-    ) -> tuple[FamilyFacts, dict[str, str | None]]:
+    ) -> tuple[FamilyFacts, dict[str, Cause]]:
         """The devices to publish (not those running pods hold through the device-plugin
-        API) and the Unhealthy ones among them, with their reasons."""
-        reasons = {(h.resource, h.device_id): h.reason for h in family.device_health()}
+        API) and the Unhealthy ones among them, with their causes."""
+        causes = causes_of(devices, family.device_health())
         shown, unhealthy = [], {}
         for device in devices.devices:
             key = (device.resource, device.device_id)
@@ -204,31 +205,20 @@ class DraRuntime:
             if found is None or self.withheld(*key):
                 continue
             shown.append(device)
-            if not found.healthy:
-                unhealthy[device.name] = reasons.get(key)
+            if (cause := causes[device.name]) is not None and cause.grade is Grade.UNHEALTHY:
+                unhealthy[device.name] = cause
         return dataclasses.replace(devices, devices=tuple(shown)), unhealthy
 
     def _health_of(self, driver: str) -> list[tuple[str, bool, str]]:
         """(device, healthy, why) of each of the driver's devices, for DRAResourceHealth."""
         for family in self._families():
             devices = family.facts()
-            if devices.driver != driver:
-                continue
-            states: dict[tuple[str, str], DeviceHealth] = {
-                (h.resource, h.device_id): h for h in family.device_health()
-            }
-            out = []
-            for device in devices.devices:
-                state = states.get((device.resource, device.device_id))
-                healthy = state is None or state.healthy
-                out.append(
-                    (
-                        device.name,
-                        healthy,
-                        "" if healthy else cause(state.reason if state else None),
-                    )
-                )
-            return out
+            if devices.driver == driver:
+                causes = causes_of(devices, family.device_health()).items()
+                return [
+                    (name, c is None or c.grade is not Grade.UNHEALTHY, c.text() if c else "")
+                    for name, c in causes
+                ]
         return []
 
     async def _follow_devices(self) -> None:

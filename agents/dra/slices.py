@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from agents.core.node_report import DeviceHealth
-from agents.kernel.facts import AttributeValue, DeviceFacts, FamilyFacts, Taint, Version
+from agents.core.health import Cause, DeviceHealth, Taint
+from agents.kernel.facts import AttributeValue, DeviceFacts, FamilyFacts, Version
 
 API_VERSION = "resource.k8s.io/v1"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -22,15 +22,12 @@ NO_SCHEDULE = "NoSchedule"
 Obj = dict[str, Any]
 
 
-def unhealthy_of(devices: FamilyFacts, health: Iterable[DeviceHealth]) -> dict[str, str | None]:
-    """The Unhealthy devices of `devices` by name, with their reasons, from the health
-    of the family resources that serve them."""
-    bad = {(h.resource, h.device_id): h.reason for h in health if not h.healthy}
-    return {
-        d.name: bad[d.resource, d.device_id]
-        for d in devices.devices
-        if (d.resource, d.device_id) in bad
-    }
+def causes_of(devices: FamilyFacts, health: Iterable[DeviceHealth]) -> dict[str, Cause | None]:
+    """Why each of `devices` (by name) is not Healthy, None where it is: the health its
+    family tells of the resource device that serves it. The one place a DRA device's
+    health is derived; the slices and DRAResourceHealth both read it."""
+    causes = {(h.resource, h.device_id): h.cause for h in health}
+    return {d.name: causes.get((d.resource, d.device_id)) for d in devices.devices}
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -47,15 +44,16 @@ def build_slices(
     node: str,
     node_uid: str,
     devices: FamilyFacts,
-    unhealthy: Mapping[str, str | None],
+    unhealthy: Mapping[str, Cause],
     *,
     taints: bool,
     generation: int,
 ) -> list[Obj]:
     """The slices of `devices`' pool on `node`, at most MAX_DEVICES devices each. An
-    Unhealthy device is left out, or with `taints` kept with its NoSchedule taint."""
+    Unhealthy device (by name, with its cause) is left out, or with `taints` kept with its
+    cause's NoSchedule taint."""
     published = [
-        _device(d, devices.taint(unhealthy[d.name]) if d.name in unhealthy else None)
+        _device(d, unhealthy[d.name].taint(devices.driver) if d.name in unhealthy else None)
         for d in devices.devices
         if taints or d.name not in unhealthy
     ]

@@ -10,16 +10,12 @@ from dataclasses import dataclass
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
-from agents.kernel.facts import AttributeValue, DeviceFacts, Taint, Version, pci_attributes
+from agents.kernel.facts import AttributeValue, DeviceFacts, Version, pci_attributes
 
 DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"
 MIG_TYPE = "mig"
-XID_TAINT = f"{DRIVER}/xid"
-LOST_TAINT = f"{DRIVER}/gpu-lost"
-UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"  # failing, hung, or held after a fault
 _BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -128,19 +124,6 @@ def devices(
         if mig is not None:
             out[unit.visible_id] = mig_device(gpu, mig, resource, driver)
     return tuple(out.values())
-
-
-def taint(reason: str | None) -> Taint:
-    """The taint of an Unhealthy GPU: its first critical XID ("xid=48,79" -> xid=48), lost
-    (also taken off the node), else unhealthy=<why>: hung, holding (answering again after
-    a fault, held a while), nvml-<error>."""
-    why = reason or "unknown"
-    if why.startswith("xid="):
-        return Taint(XID_TAINT, why.removeprefix("xid=").split(",")[0])
-    if why in ("lost", "gone"):
-        return Taint(LOST_TAINT)
-    value = _NOT_LABEL.sub("-", why.replace(": ", "-")).strip("-._")[:63].strip("-._")
-    return Taint(UNHEALTHY_TAINT, value or "unknown")
 
 
 SHARING_KINDS = ("GpuConfig", "MigDeviceConfig")

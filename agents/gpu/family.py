@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.config import Config
+from agents.core.health import Cause, DeviceHealth, GpuLost, Grade, NvmlError, NvmlHung
 from agents.core.ledger import PairingSide
-from agents.core.node_report import DeviceHealth
 from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
@@ -63,8 +63,8 @@ class GpuFamily:
         # Every GPU starts Healthy; the first probe, as run() begins, says otherwise.
         self._healthy: dict[str, bool] = {g.uuid: True for g in self.gpus}
         self._pushed: dict[str, bool] | None = None  # what the resources were last given
-        self._reasons: dict[str, str | None] = {}
-        self._told: dict[str, str | None] | None = None  # the reasons last published
+        self._causes: dict[str, Cause | None] = {}
+        self._told: dict[str, Cause | None] | None = None  # the causes last published
         self._gone: set[str] = set()  # taken off the node: not advertised while away
         self._clock = clock
         self._health = GpuHealth(
@@ -135,9 +135,9 @@ class GpuFamily:
         """Physical GPUs that are present and healthy."""
         return sum(1 for ok in self._healthy.values() if ok)
 
-    def unhealthy_reason(self, uuid: str) -> str | None:
-        """Why the GPU is Unhealthy as last published ("lost", "xid=79", "holding", ...)."""
-        return self._reasons.get(uuid)
+    def unhealthy_cause(self, uuid: str) -> Cause | None:
+        """Why the GPU is Unhealthy as last published (lost, XIDs, holding, ...)."""
+        return self._causes.get(uuid)
 
     def resources(self) -> Sequence[GpuResource]:
         return self._resources
@@ -152,12 +152,8 @@ class GpuFamily:
                 if unit.gpu_uuid in self._gone or unit.visible_id in seen:
                     continue
                 seen.add(unit.visible_id)
-                reason = self._reasons.get(unit.gpu_uuid)
-                states.append(
-                    DeviceHealth(
-                        resource.name, unit.visible_id, _where(unit), reason is None, reason
-                    )
-                )
+                cause = self._causes.get(unit.gpu_uuid)
+                states.append(DeviceHealth(resource.name, unit.visible_id, _where(unit), cause))
         return states
 
     def facts(self) -> FamilyFacts:
@@ -170,7 +166,7 @@ class GpuFamily:
             if u.gpu_uuid not in self._gone
         ]
         found = dra.devices(self.gpus, served, self._driver)
-        return FamilyFacts(dra.DRIVER, found, dra.taint, dra.accepts)
+        return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
         by_name = {r.name: r for r in self._resources}
@@ -215,7 +211,7 @@ class GpuFamily:
             for uuid, status in answers.items():
                 for code in status.xids:
                     self._xid(XidEvent(uuid, code), now)
-                self._health.answered(uuid, now, _failing(status), lost=status.lost)
+                self._health.answered(uuid, now, _failing(status))
                 self._note_gone(uuid, status.gone)
             self._publish(now)
             with contextlib.suppress(TimeoutError):
@@ -279,13 +275,13 @@ class GpuFamily:
         for gpu in self.gpus:
             if gpu.uuid in self._gone:
                 continue
-            reason = self._health.reason(gpu.uuid, now)
-            healthy[gpu.uuid] = reason is None
-            self._reasons[gpu.uuid] = reason
+            cause = self._health.cause(gpu.uuid, now)
+            healthy[gpu.uuid] = cause is None or cause.grade is not Grade.UNHEALTHY
+            self._causes[gpu.uuid] = cause
         self._healthy = healthy
-        if healthy == self._pushed and self._reasons == self._told:
+        if healthy == self._pushed and self._causes == self._told:
             return
-        self._told = dict(self._reasons)
+        self._told = dict(self._causes)
         if healthy != self._pushed:
             self._pushed = dict(healthy)
             for resource in self._resources:
@@ -300,12 +296,12 @@ def _where(unit: Unit) -> str:
     return f"{kind} {unit.index}" if unit.index else kind
 
 
-def _failing(status: GpuStatus) -> str | None:
-    """Why NVML's answer was not normal, as the health reason; None when it was."""
+def _failing(status: GpuStatus) -> Cause | None:
+    """Why NVML's answer was not normal; None when it was."""
     if status.lost:
-        return "lost"
+        return GpuLost()
     if status.hung:
-        return "hung"
+        return NvmlHung()
     if status.error is not None:
-        return f"nvml: {status.error}"
+        return NvmlError(status.error)
     return None

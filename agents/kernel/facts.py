@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from agents.core.health import OURS
 from agents.core.topology import PciLocation
 
 STANDARD = "resource.kubernetes.io"  # the attribute domain every DRA driver shares
-OURS = "node-agents.io"
 PCI_BUS_ID = f"{STANDARD}/pciBusID"
 PCIE_ROOT = f"{STANDARD}/pcieRoot"
 NUMA_NODE = f"{STANDARD}/numaNode"
@@ -26,14 +26,6 @@ class Version:
 
 
 AttributeValue = str | int | bool | Version
-
-
-@dataclass(frozen=True)
-class Taint:
-    """The NoSchedule taint an Unhealthy device carries with --dra-device-taints."""
-
-    key: str
-    value: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,12 +46,11 @@ def takes_none(parameters: Mapping[str, object]) -> str:
 
 @dataclass(frozen=True)
 class FamilyFacts:
-    """A family's devices and their facts, and how an Unhealthy one's reason
-    (DeviceHealth.reason: "xid=79", "lost", "link_down") reads as a taint."""
+    """A family's devices and their facts (a device's taint comes from the cause of its
+    health, agents.core.health)."""
 
     driver: str  # gpu.nvidia.com
     devices: tuple[DeviceFacts, ...]
-    taint: Callable[[str | None], Taint]
     # An opaque claim config's parameters: None if the driver takes them, else why not.
     accepts: Callable[[Mapping[str, object]], str | None] = field(default=takes_none)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from agents.core.node_report import DeviceHealth
+from agents.core.health import DeviceHealth
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import ContainerEdits, DeviceKey
 from agents.kernel.facts import FamilyFacts

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from agents.core.health import DeviceHealth
+
 
 class Telemetry(Protocol):
     def rpc_done(self, resource: str, method: str, seconds: float, code: str) -> None: ...
@@ -12,7 +14,7 @@ class Telemetry(Protocol):
 
     def registered(self, resource: str) -> None: ...
 
-    def health_event(self, resource: str, reason: str) -> None: ...
+    def health_event(self, change: DeviceHealth) -> None: ...
 
 
 class NoTelemetry:
@@ -25,5 +27,5 @@ class NoTelemetry:
     def registered(self, resource: str) -> None:
         pass
 
-    def health_event(self, resource: str, reason: str) -> None:
+    def health_event(self, change: DeviceHealth) -> None:
         pass

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from agents.core.health import OURS
 from agents.hw.lldp import Neighbour
-from agents.kernel.facts import OURS, AttributeValue, DeviceFacts, Taint, pci_attributes
+from agents.kernel.facts import AttributeValue, DeviceFacts, pci_attributes
 from agents.roce.discovery import Nic
 
 DRIVER = "roce.node-agents.io"
-LINK_DOWN_TAINT = Taint(f"{DRIVER}/link-down")
 LEAF_SWITCH = f"{OURS}/leafSwitch"
 LEAF_PORT = f"{OURS}/leafPort"
 MAX_STRING = 64  # the longest string attribute value a ResourceSlice takes
@@ -32,11 +32,6 @@ def devices(
         attributes.update(leaf_attributes((neighbours or {}).get(nic.netdev)))
         out.append(DeviceFacts(nic_name(nic.pci), resource, nic.pci, attributes))
     return tuple(out)
-
-
-def taint(reason: str | None) -> Taint:
-    """Every Unhealthy NIC's taint: its link is down (or not up: link_<state>)."""
-    return LINK_DOWN_TAINT
 
 
 def leaf_attributes(neighbour: Neighbour | None) -> dict[str, AttributeValue]:

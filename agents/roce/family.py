@@ -18,8 +18,8 @@ import structlog
 
 from agents.config import Config
 from agents.core.debounce import Debouncer
+from agents.core.health import Cause, DeviceHealth, LinkNotUp, PortNotActive
 from agents.core.ledger import PairingSide
-from agents.core.node_report import DeviceHealth
 from agents.core.topology import PciLocation
 from agents.family import Family, HealthSink, Located
 from agents.hw.lldp import NeighbourSource
@@ -76,7 +76,7 @@ class RoceFamily:
         timing: Timing = PRODUCTION,
     ) -> None:
         self._sink = health  # told of each evaluation; must not block
-        self._reasons: dict[str, str] = {}  # why each Unhealthy NIC turned so
+        self._causes: dict[str, Cause] = {}  # why each Unhealthy NIC turned so
         self._sysfs = sysfs
         self._links = links  # the agent's: it closes them
         self._selectors = config.roce.selectors
@@ -114,7 +114,7 @@ class RoceFamily:
 
     def facts(self) -> FamilyFacts:
         devices = dra.devices(self._nics, self._resource.name, self.fabric.neighbours)
-        return FamilyFacts(dra.DRIVER, devices, dra.taint)
+        return FamilyFacts(dra.DRIVER, devices)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
         by_name = {r.name: r for r in self.resources()}
@@ -142,7 +142,7 @@ class RoceFamily:
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, RoceFamily):
             return
-        self._health, self._reasons = earlier._health, earlier._reasons
+        self._health, self._causes = earlier._health, earlier._causes
         self.fabric.follow(earlier.fabric)
         self._apply(self._nics, self._ports)
 
@@ -170,13 +170,14 @@ class RoceFamily:
         poll = self._port_poll_s
         return poll if due is None else max(0.0, min(poll, due - self._clock()))
 
-    def _state(self, nic: Nic, port: str | None) -> tuple[bool, str]:
+    def _state(self, nic: Nic, port: str | None) -> Cause | None:
+        """Why the NIC is not up now; None when it is."""
         link = self._links.state(nic.netdev)
         if link is not LinkState.UP:
-            return False, f"link_{link.value}"
+            return LinkNotUp(link.value)
         if port != ACTIVE:
-            return False, f"port_{(port or 'absent').lower()}"
-        return True, "up"
+            return PortNotActive((port or "absent").lower())
+        return None
 
     def _apply(self, nics: list[Nic], ports: Mapping[str, str | None]) -> bool:
         """Take in the NICs and their port states; True when the advertised list or its
@@ -185,14 +186,17 @@ class RoceFamily:
         before = {n.pci: self._health.value(n.pci) for n in nics}
         states = {n.pci: self._state(n, ports.get(n.pci)) for n in nics}
         for nic in nics:
-            self._health.observe(nic.pci, states[nic.pci][0], now)
+            self._health.observe(nic.pci, states[nic.pci] is None, now)
         self._health.flush_due(now)
         healthy = {n.pci: bool(self._health.value(n.pci)) for n in nics}
         for nic in nics:
-            if not healthy[nic.pci] and (
-                before[nic.pci] is not False or nic.pci not in self._reasons
+            cause, turned = states[nic.pci], before[nic.pci] is not False
+            if (
+                cause is not None
+                and not healthy[nic.pci]
+                and (turned or nic.pci not in self._causes)
             ):
-                self._reasons[nic.pci] = states[nic.pci][1]
+                self._causes[nic.pci] = cause
         # Most polls change nothing: rebuilding the device list then is wasted work.
         if self._pushed == (nics, healthy):
             return False
@@ -215,6 +219,6 @@ class RoceFamily:
         return [self._state_of(n, healthy[n.pci]) for n in self._nics if n.pci in healthy]
 
     def _state_of(self, nic: Nic, ok: bool) -> DeviceHealth:
-        reason = None if ok else self._reasons.get(nic.pci, "link_down")
+        cause = None if ok else self._causes.get(nic.pci, LinkNotUp("down"))
         where = f"interface {nic.netdev}"
-        return DeviceHealth(self._resource.name, nic.pci, where, ok, reason)
+        return DeviceHealth(self._resource.name, nic.pci, where, cause)

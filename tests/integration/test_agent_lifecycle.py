@@ -18,6 +18,7 @@ from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
 from agents.backends import simulated_backends
 from agents.config import Config, parse_config
+from agents.core.health import GpuLost
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.standin.kubelet import Container, Kubelet, Pod
@@ -301,7 +302,7 @@ async def test_xid_turns_the_gpu_unhealthy_within_a_second_and_only_a_reset_heal
     # A reset: the GPU falls off the bus and answers again; Healthy after the hold time.
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", True), atomic=atomic)
     gpu = running_family(agent.agent, GpuFamily)
-    await async_wait_until(lambda: gpu.unhealthy_reason(victim) == "lost", WAIT, "lost seen")
+    await async_wait_until(lambda: gpu.unhealthy_cause(victim) == GpuLost(), WAIT, "lost seen")
     edit_node(lambda d: d["gpus"][3].__setitem__("lost", False), atomic=atomic)
     took = await timed_wait(kubelet, lambda k: health(k, GPU, victim) == "Healthy", WAIT * 2)
     assert SHORT.gpu_hold_s <= took < SHORT.gpu_hold_s + FAULT_SEEN_WITHIN * 2

@@ -20,7 +20,7 @@ from agents.cluster.client import (
     WatchEvent,
 )
 from agents.cluster.reporter import Reporter
-from agents.core.node_report import DeviceHealth
+from agents.core.health import DeviceHealth, GpuLost
 from agents.tasks import until
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
@@ -172,7 +172,7 @@ async def test_the_reporter_keeps_one_connection_and_closes_it_when_it_ends(
 ) -> None:
     reporter = Reporter(NODE, ApiClient(Access(server.url)), settle_s=0)
     stop = asyncio.Event()
-    bad = DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", False, "lost")
+    bad = DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", GpuLost())
     task = asyncio.ensure_future(until(stop, lambda: reporter.run(lambda: [bad])))
     reporter.changed(bad)
     try:

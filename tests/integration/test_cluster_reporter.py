@@ -13,16 +13,17 @@ from structlog.testing import capture_logs
 
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
-from agents.core.node_report import DeviceHealth, note_of
+from agents.core.health import DeviceHealth, LinkNotUp, Xids
+from agents.core.node_report import note_of
 from agents.tasks import until
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
 
 NODE = "node-1"
-GPU0 = DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0", True)
-GPU0_XID = DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0", False, "xid=79")
-NIC_UP = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", True)
-NIC_DOWN = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", False, "link_down")
+GPU0 = DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0")
+GPU0_XID = DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0", Xids((79,)))
+NIC_UP = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0")
+NIC_DOWN = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", LinkNotUp("down"))
 
 
 @dataclass

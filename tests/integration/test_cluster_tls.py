@@ -20,7 +20,7 @@ import yaml
 from agents.cluster.access import from_kubeconfig
 from agents.cluster.client import ApiClient, UnreachableError
 from agents.cluster.reporter import STRATEGIC, Reporter
-from agents.core.node_report import DeviceHealth
+from agents.core.health import DeviceHealth, GpuLost
 from agents.tasks import until
 from tests.conditions import async_wait_until
 from tests.standin.apiserver import ApiServer
@@ -104,7 +104,7 @@ async def test_reports_go_over_tls_with_a_client_certificate(server: ApiServer, 
     access = from_kubeconfig(_kubeconfig(pki, server.url))
     reporter = Reporter(NODE, ApiClient(access), settle_s=0)
     stop = asyncio.Event()
-    bad = DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", False, "lost")
+    bad = DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", GpuLost())
     task = asyncio.ensure_future(until(stop, lambda: reporter.run(lambda: [bad])))
     reporter.changed(bad)
     try:

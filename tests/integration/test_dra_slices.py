@@ -12,20 +12,15 @@ from typing import Any
 import pytest
 
 from agents.cluster.client import Access, ApiClient
+from agents.core.health import GpuLost, Xids
 from agents.dra.publisher import SlicePublisher
-from agents.kernel.facts import DeviceFacts, FamilyFacts, Taint, Version
+from agents.kernel.facts import DeviceFacts, FamilyFacts, Version
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer
 
 NODE = "node-1"
 DRIVER = "gpu.nvidia.com"
 SLICES = "resourceslices"
-
-
-def _taint(reason: str | None) -> Taint:
-    if reason and reason.startswith("xid="):
-        return Taint(f"{DRIVER}/xid", reason.removeprefix("xid="))
-    return Taint(f"{DRIVER}/gpu-lost")
 
 
 def _gpus(n: int, driver: str = DRIVER) -> FamilyFacts:
@@ -45,7 +40,7 @@ def _gpus(n: int, driver: str = DRIVER) -> FamilyFacts:
         )
         for i in range(n)
     )
-    return FamilyFacts(driver, devices, _taint)
+    return FamilyFacts(driver, devices)
 
 
 def _ours(server: ApiServer, driver: str = DRIVER) -> list[dict[str, Any]]:
@@ -118,7 +113,7 @@ async def test_an_unhealthy_device_leaves_the_slice_and_returns(
     task = await _running(publisher)
     try:
         await async_wait_until(lambda: len(_names(server)) == 3, WAIT, "3 devices")
-        publisher.set(gpus, {"gpu-1": "xid=79"})
+        publisher.set(gpus, {"gpu-1": Xids((79,))})
         await async_wait_until(lambda: _names(server) == ["gpu-0", "gpu-2"], WAIT, "gpu-1 out")
         assert _ours(server)[0]["spec"]["pool"]["generation"] == 1
         publisher.set(gpus, {})
@@ -133,7 +128,7 @@ async def test_with_taints_an_unhealthy_device_stays_tainted(
 ) -> None:
     publisher = SlicePublisher(NODE, client, device_taints=True)
     gpus = _gpus(2)
-    publisher.set(gpus, {"gpu-0": "xid=79"})
+    publisher.set(gpus, {"gpu-0": Xids((79,))})
     task = await _running(publisher)
     try:
         await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "both devices")
@@ -151,7 +146,7 @@ async def test_with_taints_an_unhealthy_device_stays_tainted(
     # Started again, it finds the slice as it wants it, though the server added a time
     # to the taint: nothing to write.
     again = SlicePublisher(NODE, client, device_taints=True)
-    again.set(gpus, {"gpu-0": "xid=79"})
+    again.set(gpus, {"gpu-0": Xids((79,))})
     task = await _running(again)
     try:
         await async_wait_until(lambda: server.count("list", SLICES) == 2, WAIT, "a new list")
@@ -167,12 +162,12 @@ async def test_an_api_server_that_drops_taints_is_not_written_again_and_again(
 ) -> None:
     server.store.device_taints = False
     publisher = SlicePublisher(NODE, client, device_taints=True)
-    publisher.set(_gpus(2), {"gpu-0": "lost"})
+    publisher.set(_gpus(2), {"gpu-0": GpuLost()})
     task = await _running(publisher)
     try:
         await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "both devices")
         await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
-        publisher.set(_gpus(2), {"gpu-0": "lost"})  # a pass that compares again
+        publisher.set(_gpus(2), {"gpu-0": GpuLost()})  # a pass that compares again
         await async_wait_until(lambda: publisher.settled, WAIT, "the pass")
         assert _writes(server) == 1
     finally:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from agents.config import Config
+from agents.core.health import GpuLost, NvmlHung
 from agents.gpu.discovery import discover, gpu_distance, nvlink_counts
 from agents.gpu.plan import GPU_RESOURCE
 from agents.hw.nvml import NVSWITCH_BUS_ID
@@ -101,14 +102,14 @@ async def test_hung_gpu_turns_unhealthy_after_the_bound_while_others_are_still_p
         await asyncio.wait_for(node.watching.wait(), 5)
         _edit(node_file, lambda d: d["gpus"][2].__setitem__("nvml", {"hang": 30}))
         began = time.monotonic()
-        await async_wait_until(lambda: family.unhealthy_reason(uuids[2]) == "hung", 10, "hung")
+        await async_wait_until(lambda: family.unhealthy_cause(uuids[2]) == NvmlHung(), 10, "hung")
         hung_after = time.monotonic() - began
         assert HANG_BOUND_S <= hung_after < HANG_BOUND_S + FAULT_SEEN_WITHIN
 
         # Another GPU falls off the bus: seen by the probe while GPU 2 still hangs.
         _edit(node_file, lambda d: d["gpus"][5].__setitem__("lost", True))
         began = time.monotonic()
-        await async_wait_until(lambda: family.unhealthy_reason(uuids[5]) == "lost", 5, "lost")
+        await async_wait_until(lambda: family.unhealthy_cause(uuids[5]) == GpuLost(), 5, "lost")
         assert time.monotonic() - began < FAULT_SEEN_WITHIN
         assert family.healthy_count() == 6
     finally:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import structlog
 
+from agents.core.health import GpuLost
 from agents.errors import ConfigError
 from agents.gpu.allocation import VISIBLE_DEVICES
 from agents.gpu.family import GpuFamily
@@ -198,7 +199,7 @@ async def test_a_fault_on_the_mig_gpu_turns_its_instances_unhealthy(
         assert gpu is not None
         uuid = run.gpu_uuids()[0]
         await run.edit_node(_lost)
-        await async_wait_until(lambda: gpu.unhealthy_reason(uuid) == "lost", WAIT, "lost")
+        await async_wait_until(lambda: gpu.unhealthy_cause(uuid) == GpuLost(), WAIT, "lost")
         await run.edit_node(_answering)
         await run.kubelet.wait_until(
             lambda k: k.allocatable() == {MIG_1G: 3, MIG_3G: 1, GPU_RESOURCE: 1},

@@ -19,6 +19,7 @@ import yaml
 from agents.backends import simulated_backends
 from agents.config import Config
 from agents.core.fabric import LEAF_GROUP
+from agents.core.health import Cause, GpuLost
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.sim.bundled import bundled_node
@@ -133,7 +134,7 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
     # Healthy again after a reset (lost, then answering), not by taking the XID out.
     uuid = running_family(labelled.agent, GpuFamily).gpus[2].uuid
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", True))
-    await async_wait_until(lambda: _reason(labelled, uuid) == "lost", WAIT, "lost")
+    await async_wait_until(lambda: _cause(labelled, uuid) == GpuLost(), WAIT, "lost")
     labelled.edit_node(lambda node: node["gpus"][2].__setitem__("lost", False))
     await async_wait_until(
         lambda: labelled.labels().get(PREFIX + "gpu.healthy") == "8",
@@ -142,8 +143,8 @@ async def test_gpu_fault_and_recovery_rewrite_the_healthy_count(labelled: Labell
     )
 
 
-def _reason(labelled: Labelled, uuid: str) -> str | None:
-    return running_family(labelled.agent, GpuFamily).unhealthy_reason(uuid)
+def _cause(labelled: Labelled, uuid: str) -> Cause | None:
+    return running_family(labelled.agent, GpuFamily).unhealthy_cause(uuid)
 
 
 async def test_nic_link_down_rewrites_the_roce_healthy_count(labelled: Labelled) -> None:

@@ -23,6 +23,7 @@ import yaml
 
 from agents.backends import simulated_backends
 from agents.config import Config
+from agents.core.health import GpuLost
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
@@ -273,7 +274,7 @@ async def test_node_file_churn_ends_with_health_exactly_as_the_health_model_says
                 g["lost"] = True
             write_yaml(node, doc)
             await async_wait_until(
-                lambda: all(gpu.unhealthy_reason(g["uuid"]) == "lost" for g in doc["gpus"]),
+                lambda: all(gpu.unhealthy_cause(g["uuid"]) == GpuLost() for g in doc["gpus"]),
                 WAIT,
                 "every GPU seen lost",
             )

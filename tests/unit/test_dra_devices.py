@@ -11,7 +11,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from agents.config import Config, Flags, Roce, Sharing, TimeSlicedResource, TimeSlicing
-from agents.gpu.dra import binary_quantity, semantic, taint
+from agents.core.health import GpuLost, LinkNotUp, NvmlError, NvmlHung, Taint, Xids
+from agents.gpu import dra as gpu_dra
+from agents.gpu.dra import binary_quantity, semantic
 from agents.gpu.kind import GpuKind
 from agents.kernel.facts import (
     NUMA_NODE,
@@ -19,7 +21,6 @@ from agents.kernel.facts import (
     PCIE_ROOT,
     PCIE_SWITCH,
     DeviceFacts,
-    Taint,
     Version,
 )
 from agents.roce import dra as roce_dra
@@ -158,12 +159,13 @@ def test_a_nic_carries_its_interface_rdma_device_and_place(tmp_path: Path) -> No
 
 
 def test_taints_say_why_a_device_is_unhealthy() -> None:
-    assert taint("xid=79") == Taint("gpu.nvidia.com/xid", "79")
-    assert taint("xid=48,79") == Taint("gpu.nvidia.com/xid", "48")
-    assert taint("lost") == Taint("gpu.nvidia.com/gpu-lost")
-    assert taint("hung") == Taint("gpu.nvidia.com/unhealthy", "hung")
-    assert taint("nvml: Unknown") == Taint("gpu.nvidia.com/unhealthy", "nvml-Unknown")
-    assert roce_dra.taint("link_down") == Taint("roce.node-agents.io/link-down")
+    gpu, nic = gpu_dra.DRIVER, roce_dra.DRIVER
+    assert Xids((79,)).taint(gpu) == Taint("gpu.nvidia.com/xid", "79")
+    assert Xids((48, 79)).taint(gpu) == Taint("gpu.nvidia.com/xid", "48")
+    assert GpuLost().taint(gpu) == Taint("gpu.nvidia.com/gpu-lost")
+    assert NvmlHung().taint(gpu) == Taint("gpu.nvidia.com/unhealthy", "hung")
+    assert NvmlError("Unknown").taint(gpu) == Taint("gpu.nvidia.com/unhealthy", "nvml-Unknown")
+    assert LinkNotUp("down").taint(nic) == Taint("roce.node-agents.io/link-down")
 
 
 def test_versions_and_quantities_read_as_the_api_server_expects() -> None:

@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from agents.core.node_report import DeviceHealth
-from agents.dra.slices import build_slices, quantity, same_spec, slice_name, unhealthy_of
-from agents.kernel.facts import DeviceFacts, FamilyFacts, Taint
+from agents.core.health import DeviceHealth, GpuLost, Xids
+from agents.dra.slices import build_slices, causes_of, quantity, same_spec, slice_name
+from agents.kernel.facts import DeviceFacts, FamilyFacts
 
 GPUS = FamilyFacts(
     "gpu.nvidia.com",
@@ -17,7 +17,6 @@ GPUS = FamilyFacts(
         DeviceFacts(f"gpu-{i}", "nvidia.com/gpu", f"GPU-{i}", {}, {"memory": "81920Mi"})
         for i in range(2)
     ),
-    lambda reason: Taint("gpu.nvidia.com/xid", (reason or "").removeprefix("xid=")),
 )
 
 
@@ -37,7 +36,7 @@ def test_quantities_read_as_exact_values(text: str, value: Fraction | int) -> No
 
 
 def test_a_slice_as_the_api_server_writes_it_back_is_the_same() -> None:
-    (wanted,) = build_slices("n", "uid", GPUS, {"gpu-1": "xid=79"}, taints=True, generation=0)
+    (wanted,) = build_slices("n", "uid", GPUS, {"gpu-1": Xids((79,))}, taints=True, generation=0)
     stored = {"spec": {**wanted["spec"], "devices": [dict(d) for d in wanted["spec"]["devices"]]}}
     for device in stored["spec"]["devices"]:
         device["capacity"] = {"memory": {"value": "80Gi"}}
@@ -49,13 +48,14 @@ def test_a_slice_as_the_api_server_writes_it_back_is_the_same() -> None:
     assert not same_spec(stored, wanted)
 
 
-def test_unhealthy_devices_are_found_by_their_resource_and_id() -> None:
+def test_each_device_has_the_cause_its_resource_and_id_are_told() -> None:
     health = [
-        DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", healthy=False, reason="xid=79"),
-        DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0", healthy=True),
-        DeviceHealth("other", "GPU-0", "x", healthy=False, reason="lost"),
+        DeviceHealth("nvidia.com/gpu", "GPU-1", "GPU 1", Xids((79,))),
+        DeviceHealth("nvidia.com/gpu", "GPU-0", "GPU 0"),
+        DeviceHealth("other", "GPU-0", "x", GpuLost()),
     ]
-    assert unhealthy_of(GPUS, health) == {"gpu-1": "xid=79"}
+    assert causes_of(GPUS, health) == {"gpu-0": None, "gpu-1": Xids((79,))}
+    assert causes_of(GPUS, []) == {"gpu-0": None, "gpu-1": None}  # none told: Healthy
 
 
 def test_a_long_node_name_still_gives_a_valid_distinct_slice_name() -> None:

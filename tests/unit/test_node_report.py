@@ -1,44 +1,13 @@
-"""What the cluster is told: causes as an operator reads them, Event notes, the Node
-condition, and repeats counted into one Event."""
+"""What the cluster is told: Event notes, the Node condition, and repeats counted into
+one Event."""
 
 from __future__ import annotations
 
-import pytest
+from agents.core.health import DeviceHealth, GpuLost, LinkNotUp, Xids
+from agents.core.node_report import MESSAGE_LIMIT, EventBook, condition_of, note_of
 
-from agents.core.node_report import (
-    MESSAGE_LIMIT,
-    DeviceHealth,
-    EventBook,
-    cause,
-    condition_of,
-    note_of,
-)
-
-
-@pytest.mark.parametrize(
-    ("reason", "text"),
-    [
-        ("xid=79", "XID 79 (fell off the bus)"),
-        ("xid=48", "XID 48 (uncorrectable ECC)"),
-        ("xid=48,79", "XID 48 (uncorrectable ECC), XID 79 (fell off the bus)"),
-        ("xid=999", "XID 999"),
-        ("lost", "NVML: GPU is lost"),
-        ("hung", "NVML: no answer (hung)"),
-        ("nvml: Unknown", "NVML: Unknown"),
-        ("link_down", "link down"),
-        ("link_absent", "link absent"),
-        ("port_down", "RDMA port down"),
-        ("port_absent", "RDMA port absent"),
-        (None, "healthy"),
-    ],
-    ids=str,
-)
-def test_cause_names_the_fault_as_an_operator_knows_it(reason: str | None, text: str) -> None:
-    assert cause(reason) == text
-
-
-GPU = DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", False, "xid=79")
-NIC = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", False, "link_down")
+GPU = DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", Xids((79,)))
+NIC = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", LinkNotUp("down"))
 
 
 def test_unhealthy_note_is_a_warning_naming_resource_device_index_and_cause() -> None:
@@ -51,20 +20,20 @@ def test_unhealthy_note_is_a_warning_naming_resource_device_index_and_cause() ->
 
 
 def test_healthy_note_is_normal_and_names_the_interface() -> None:
-    note = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", True))
+    note = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0"))
     assert (note.type, note.reason) == ("Normal", "DeviceHealthy")
     assert "0000:1c:00.0 (interface ens1np0) is Healthy again" in note.message
 
 
 def test_condition_is_true_when_every_device_is_healthy() -> None:
-    ok = [DeviceHealth("nvidia.com/gpu", f"GPU-{i}", f"GPU {i}", True) for i in range(8)]
+    ok = [DeviceHealth("nvidia.com/gpu", f"GPU-{i}", f"GPU {i}") for i in range(8)]
     condition = condition_of(ok)
     assert (condition.status, condition.reason) == ("True", "DevicesHealthy")
     assert "all 8 devices" in condition.message
 
 
 def test_condition_is_false_and_lists_each_unhealthy_device() -> None:
-    ok = DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1", True)
+    ok = DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1")
     condition = condition_of([GPU, ok, NIC])
     assert (condition.status, condition.reason) == ("False", "DeviceUnhealthy")
     assert condition.message == (
@@ -75,8 +44,7 @@ def test_condition_is_false_and_lists_each_unhealthy_device() -> None:
 
 def test_condition_message_stays_short_and_says_how_many_more() -> None:
     bad = [
-        DeviceHealth("nvidia.com/gpu", f"GPU-{i:040d}", f"GPU {i}", False, "lost")
-        for i in range(64)
+        DeviceHealth("nvidia.com/gpu", f"GPU-{i:040d}", f"GPU {i}", GpuLost()) for i in range(64)
     ]
     message = condition_of(bad).message
     assert len(message) <= MESSAGE_LIMIT
@@ -86,7 +54,7 @@ def test_condition_message_stays_short_and_says_how_many_more() -> None:
 def test_repeats_of_one_change_count_into_one_record() -> None:
     book = EventBook("node-1.ab")
     down = note_of(NIC)
-    up = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", True))
+    up = note_of(DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0"))
     for i in range(20):
         book.add(down, f"t{i}")
         book.add(up, f"t{i}")
@@ -117,5 +85,5 @@ def test_renewed_record_gets_a_new_name_and_is_created_again() -> None:
 def test_the_book_forgets_the_oldest_kind_beyond_its_limit() -> None:
     book = EventBook("n", limit=3)
     for i in range(5):
-        book.add(note_of(DeviceHealth("r", f"d{i}", "x", False, "lost")), "t")
+        book.add(note_of(DeviceHealth("r", f"d{i}", "x", GpuLost())), "t")
     assert [r.note.key[1] for r in book.unsent()] == ["d2", "d3", "d4"]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agents.core.health import Cause, GpuLost, Holding, NvmlError, NvmlHung, Xids
 from agents.core.xid import APPLICATION_XIDS, GpuHealth, HealthPolicy, is_critical
 
 NONE: frozenset[int] = frozenset()
@@ -45,22 +46,24 @@ def test_is_critical(xid: int, disabled: frozenset[int], critical: bool) -> None
 
 
 # Steps at times t: ("xid", t, code) an XID event; ("ok", t) a normal NVML answer;
-# ("lost"/"hung"/"error", t) an abnormal one; ("?", t, reason) checks the reason then.
+# ("lost"/"hung"/"error", t) an abnormal one; ("?", t, cause) checks the cause then.
 Step = tuple[object, ...]
 HOLD = 5.0
+ERROR = NvmlError("Unknown")
+FAILING: dict[object, Cause] = {"lost": GpuLost(), "hung": NvmlHung(), "error": ERROR}
 
 HEALTH_CASES = [
     pytest.param([("?", 0, None)], None, id="healthy-until-told-otherwise"),
-    pytest.param([("xid", 0, 79), ("?", 1, "xid=79")], None, id="critical-xid-marks-unhealthy"),
+    pytest.param([("xid", 0, 79), ("?", 1, Xids((79,)))], None, id="critical-xid-marks-unhealthy"),
     pytest.param(
         [("xid", 0, 13), ("xid", 0, 43), ("?", 0, None)], None, id="application-xids-skipped"
     ),
     pytest.param([("xid", 0, 94), ("?", 0, None)], frozenset({94}), id="disabled-xid-skipped"),
     pytest.param(
-        [("xid", 0, 79), ("xid", 0, 48), ("?", 0, "xid=48,79")], None, id="xids-named-in-order"
+        [("xid", 0, 79), ("xid", 0, 48), ("?", 0, Xids((48, 79)))], None, id="xids-named-in-order"
     ),
     pytest.param(
-        [("xid", 0, 48), *(("ok", t) for t in range(1, 1000, 100)), ("?", 1000, "xid=48")],
+        [("xid", 0, 48), *(("ok", t) for t in range(1, 1000, 100)), ("?", 1000, Xids((48,)))],
         None,
         id="xid-holds-while-nvml-answers-without-recovery-period",
     ),
@@ -68,9 +71,9 @@ HEALTH_CASES = [
         [
             ("xid", 0, 79),
             ("lost", 1),
-            ("?", 1, "lost"),
+            ("?", 1, GpuLost()),
             ("ok", 2),
-            ("?", 2, "holding"),
+            ("?", 2, Holding()),
             ("?", 2 + HOLD, None),
         ],
         None,
@@ -79,16 +82,16 @@ HEALTH_CASES = [
     pytest.param(
         [
             ("error", 0),
-            ("?", 0, "error"),
+            ("?", 0, ERROR),
             ("ok", 1),
-            ("?", 1 + HOLD - 0.1, "holding"),
+            ("?", 1 + HOLD - 0.1, Holding()),
             ("?", 1 + HOLD, None),
         ],
         None,
         id="transient-error-unhealthy-then-healthy-after-hold",
     ),
     pytest.param(
-        [("hung", 0), ("?", 0, "hung"), ("ok", 30), ("?", 30 + HOLD, None)],
+        [("hung", 0), ("?", 0, NvmlHung()), ("ok", 30), ("?", 30 + HOLD, None)],
         None,
         id="hung-gpu-unhealthy-until-answering-for-the-hold",
     ),
@@ -98,14 +101,14 @@ HEALTH_CASES = [
             ("ok", 1),
             ("error", 3),
             ("ok", 4),
-            ("?", 1 + HOLD, "holding"),
+            ("?", 1 + HOLD, Holding()),
             ("?", 4 + HOLD, None),
         ],
         None,
         id="a-new-failure-restarts-the-hold",
     ),
     pytest.param(
-        [("xid", 0, 48), ("error", 1), ("ok", 2), ("?", 2, "xid=48")],
+        [("xid", 0, 48), ("error", 1), ("ok", 2), ("?", 2, Xids((48,)))],
         None,
         id="an-error-is-no-reset",
     ),
@@ -119,10 +122,10 @@ def _run(steps: list[Step], health: GpuHealth) -> None:
             health.xid("A", int(rest[0]), t)  # type: ignore[call-overload]
         elif kind == "ok":
             health.answered("A", t, None)
-        elif kind in ("lost", "hung", "error"):
-            health.answered("A", t, str(kind), lost=kind == "lost")
+        elif kind in FAILING:
+            health.answered("A", t, FAILING[str(kind)])
         else:
-            assert health.reason("A", t) == rest[0], (kind, t)
+            assert health.cause("A", t) == rest[0], (kind, t)
 
 
 @pytest.mark.parametrize(("steps", "disabled"), HEALTH_CASES)
@@ -131,27 +134,29 @@ def test_health_model(steps: list[Step], disabled: frozenset[int] | None) -> Non
 
 
 @pytest.mark.parametrize(
-    ("steps", "reason"),
+    ("steps", "cause"),
     [
         pytest.param([("xid", 0, 79), ("ok", 5)], None, id="recovers-after-the-period"),
-        pytest.param([("xid", 0, 79), ("ok", 5), ("xid", 50, 79)], "xid=79", id="new-xid-restarts"),
         pytest.param(
-            [("xid", 0, 79), ("error", 55), ("ok", 56)], "xid=79", id="nvml-failure-restarts"
+            [("xid", 0, 79), ("ok", 5), ("xid", 50, 79)], Xids((79,)), id="new-xid-restarts"
+        ),
+        pytest.param(
+            [("xid", 0, 79), ("error", 55), ("ok", 56)], Xids((79,)), id="nvml-failure-restarts"
         ),
     ],
 )
-def test_xid_recovery_period(steps: list[Step], reason: str | None) -> None:
+def test_xid_recovery_period(steps: list[Step], cause: Cause | None) -> None:
     health = GpuHealth(HealthPolicy(NONE, xid_recovery_s=60, hold_s=0))
-    _run([*steps, ("?", 100, reason)], health)
+    _run([*steps, ("?", 100, cause)], health)
 
 
 def test_health_is_per_gpu() -> None:
     health = GpuHealth(HealthPolicy())
     health.xid("A", 79, 0)
-    health.answered("B", 0, "lost", lost=True)
-    assert (health.reason("A", 1), health.reason("B", 1), health.reason("C", 1)) == (
-        "xid=79",
-        "lost",
+    health.answered("B", 0, GpuLost())
+    assert (health.cause("A", 1), health.cause("B", 1), health.cause("C", 1)) == (
+        Xids((79,)),
+        GpuLost(),
         None,
     )
 
@@ -167,4 +172,4 @@ def test_healthy_iff_every_delivered_xid_is_ignored(
     for code in delivered:
         health.xid("A", code, 0)
     ignored = APPLICATION_XIDS | disabled
-    assert (health.reason("A", 1) is None) is (delivered <= ignored)
+    assert (health.cause("A", 1) is None) is (delivered <= ignored)
