@@ -286,6 +286,9 @@ class GpuFamily:
             self._pushed = dict(healthy)
             for resource in self._resources:
                 resource.set_health(healthy)
+        else:  # only a cause changed (lost, then holding): DRA shows it, the kubelet cannot
+            for resource in self._resources:
+                resource.inventory.touch()
         if self._sink is not None:
             self._sink.publish(self.device_health())
 

@@ -223,6 +223,24 @@ async def test_with_device_taints_an_unhealthy_gpu_stays_with_a_noschedule_taint
     assert len(dra_node.devices(GPU)) == 8
 
 
+async def test_with_device_taints_a_gpu_taint_follows_its_cause_until_it_is_healthy(
+    dra_node: DraNode, node_file: Path, edit_node: Callable[..., None]
+) -> None:
+    await dra_node.start(node_file, "--dra-device-taints")
+
+    def taints() -> list[tuple[str, str]]:
+        device = dra_node.devices(GPU)["gpu-2"]
+        return [(t["key"], t.get("value", "")) for t in device.get("taints", [])]
+
+    edit_node(lambda d: d["gpus"][2]["xids"].append(48))
+    await dra_node.wait(lambda: taints() == [(f"{GPU}/xid", "48")])
+    # Lost while Unhealthy: the kubelet sees no change, the taint does.
+    edit_node(lambda d: d["gpus"][2].__setitem__("lost", True))
+    await dra_node.wait(lambda: taints() == [(f"{GPU}/gpu-lost", "")])
+    edit_node(lambda d: d["gpus"][2].__setitem__("lost", False))  # a reset clears the XID
+    await dra_node.wait(lambda: not taints(), WAIT + SHORT.gpu_hold_s)
+
+
 async def test_slices_the_kubelet_deletes_are_put_back(dra_node: DraNode, node_file: Path) -> None:
     await dra_node.start(node_file)
     dra_node.server.store.delete_node_slices(NODE)
