@@ -32,9 +32,9 @@ def note_of(change: DeviceHealth) -> EventNote:
     if change.cause is None:
         key = (change.resource, change.device_id, True, "")
         return EventNote(key, NORMAL, HEALTHY_REASON, f"{what} is Healthy again")
-    text = change.cause.text()
+    text, grade = change.cause.text(), change.grade.value  # "Unhealthy", "Degraded"
     key = (change.resource, change.device_id, False, text)
-    return EventNote(key, WARNING, UNHEALTHY_REASON, f"{what} is Unhealthy: {text}")
+    return EventNote(key, WARNING, f"Device{grade}", f"{what} is {grade}: {text}")
 
 
 @dataclass(frozen=True)

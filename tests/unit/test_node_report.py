@@ -3,7 +3,7 @@ one Event."""
 
 from __future__ import annotations
 
-from agents.core.health import DeviceHealth, GpuLost, LinkNotUp, Xids
+from agents.core.health import DeviceHealth, GpuLost, LinkNotUp, Signal, Xids
 from agents.core.node_report import MESSAGE_LIMIT, EventBook, condition_of, note_of
 
 GPU = DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", Xids((79,)))
@@ -17,6 +17,14 @@ def test_unhealthy_note_is_a_warning_naming_resource_device_index_and_cause() ->
         note.message
         == "nvidia.com/gpu device GPU-aa (GPU 5) is Unhealthy: XID 79 (fell off the bus)"
     )
+
+
+def test_degraded_note_is_a_warning_naming_the_signal_and_its_figures() -> None:
+    x8 = Signal("pcie-width", "PCIe link x8 of x16", (("current", 8), ("max", 16)))
+    note = note_of(DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", x8))
+    assert (note.type, note.reason) == ("Warning", "DeviceDegraded")
+    assert note.message == "nvidia.com/gpu device GPU-aa (GPU 5) is Degraded: PCIe link x8 of x16"
+    assert condition_of([DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", x8)]).status == "True"
 
 
 def test_healthy_note_is_normal_and_names_the_interface() -> None:
