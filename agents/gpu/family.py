@@ -263,7 +263,8 @@ class GpuFamily:
         critical = is_critical(event.xid, self._config.health.disabled_xids)
         # The same critical XID again (an ECC count that keeps growing) is no news.
         level = log.info if new or not critical else log.debug
-        level("xid_event", gpu=event.uuid, xid=event.xid, critical=critical)
+        fields = {"gpu": event.uuid, "xid": event.xid, "critical": critical}
+        level("xid_event", **fields)
 
     def _publish(self, now: float) -> None:
         """Evaluate every GPU's health; push it to the resources only when it changed.

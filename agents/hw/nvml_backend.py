@@ -140,5 +140,5 @@ class NvmlBackend:
                 log.debug("nvml_ecc_event", event_type=int(data.eventType))
                 continue
             if uuid is not None:
-                events.append(XidEvent(uuid=uuid, xid=int(data.eventData)))
+                events.append(XidEvent(uuid, int(data.eventData)))
         return events
