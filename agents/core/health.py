@@ -14,6 +14,7 @@ OURS = "node-agents.io"
 DEGRADED_TAINT = f"{OURS}/degraded"
 _NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
 LABEL_MAX = 63  # the longest label value (a taint's) Kubernetes takes
+Figure = int | float | str  # a measurement behind a cause: 8 (lanes), 100000 (Mb/s)
 
 # What an operator knows these XIDs by (NVIDIA's XID catalogue).
 XID_NAMES = {
@@ -69,7 +70,7 @@ class Cause(ABC):
     def text(self) -> str:
         """The cause as an operator reads it: "XID 79 (fell off the bus)", "link down"."""
 
-    def figures(self) -> Mapping[str, float]:
+    def figures(self) -> Mapping[str, Figure]:
         """The measurements behind the cause, by name (none for most faults)."""
         return {}
 
@@ -214,7 +215,7 @@ class Signal(Cause):
 
     name: str  # the signal: "pcie-width", "link-speed"
     message: str  # "PCIe link x8 of x16"
-    measured: tuple[tuple[str, float], ...] = ()  # ("current", 8), ("max", 16)
+    measured: tuple[tuple[str, Figure], ...] = ()  # ("current", 8), ("max", 16)
     level: Grade = Grade.DEGRADED
 
     @property
@@ -228,7 +229,7 @@ class Signal(Cause):
     def text(self) -> str:
         return self.message
 
-    def figures(self) -> Mapping[str, float]:
+    def figures(self) -> Mapping[str, Figure]:
         return dict(self.measured)
 
     def taint(self, driver: str) -> Taint:
