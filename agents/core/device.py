@@ -11,11 +11,16 @@ UNHEALTHY = "Unhealthy"
 
 @dataclass(frozen=True, order=True)
 class Device:
-    """One advertised device: its kubelet ID, health and NUMA node (None if unknown)."""
+    """One advertised device: its kubelet ID, health and NUMA node (None if unknown).
+
+    `healthy` is what the kubelet is told; `degraded` says that the device works but is
+    slow or about to fail (docs/degraded.md): still Healthy to the kubelet unless the
+    config says otherwise, and chosen last by the preferred allocation."""
 
     id: str
     healthy: bool = True
     numa: int | None = None
+    degraded: bool = False
 
     @property
     def health(self) -> str:
