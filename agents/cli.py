@@ -218,8 +218,8 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         type=Path,
         metavar="FILE",
-        help="API server for device-fault Events and the DevicesHealthy condition, "
-        "when not in a pod (default: the pod's service account)",
+        help="API server for device-fault Events and the DevicesHealthy and DevicesDegraded "
+        "conditions, when not in a pod (default: the pod's service account)",
     )
     run.add_argument(
         "--node-name",

@@ -1,6 +1,6 @@
-"""The one path of a device's health change: the log line, the metrics count and the
-cluster reporter, once per resource that holds the device. Families publish what they
-evaluated; this decides what changed."""
+"""The one path of a device's health change: the log line, the metrics and the cluster
+reporter, once per resource that holds the device. Families publish what they evaluated;
+this decides what changed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from agents.core.health import DeviceHealth, Grade
+from agents.core.health import Cause, DeviceHealth, Grade, signals_of
 from agents.kernel.telemetry import NoTelemetry, Telemetry
 
 log = structlog.get_logger(__name__)
@@ -17,7 +17,9 @@ log = structlog.get_logger(__name__)
 class HealthFanout:
     """Remembers each (resource, device)'s last health; a device first seen counts as
     having been Healthy, so one that starts Unhealthy is told like any other fault.
-    Used on the event loop only; never blocks."""
+    Measured signals are one fault while their set stays: new figures of the same
+    signals reach the metrics, not the log or the cluster. Used on the event loop only;
+    never blocks."""
 
     def __init__(
         self,
@@ -33,8 +35,10 @@ class HealthFanout:
             key = state.resource, state.device_id
             before = self._known.get(key)
             self._known[key] = state
+            if before != state:
+                self._telemetry.device_health(state)  # the figures, even unchanged faults
             was = Grade.HEALTHY if before is None else before.grade
-            same = before is not None and state.cause == before.cause
+            same = before is not None and _fault(state.cause) == _fault(before.cause)
             if was is not state.grade:
                 self._telemetry.health_event(state)
             elif state.cause is None or not state.cause.news or same:
@@ -50,3 +54,12 @@ class HealthFanout:
             log.warning(event, **where, reason=state.cause.label)
         if self._reporter is not None:
             self._reporter(state)
+
+
+def _fault(cause: Cause | None) -> object:
+    """What makes a fault the same one: for measured signals their names and grades (a
+    PCIe link at x8, then x4, of x16 is one fault), for any other the cause itself."""
+    signals = signals_of(cause)
+    if signals:
+        return frozenset((s.name, s.level) for s in signals)
+    return cause

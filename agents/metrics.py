@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agents import __version__
-from agents.core.health import DeviceHealth
+from agents.core.health import DeviceHealth, signals_of
 from agents.errors import ConfigError
 from agents.kernel.catalogue import Resource
 
@@ -22,6 +23,24 @@ RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 READ_TIMEOUT_S = 5.0  # a scraper sends its request at once; a silent client is dropped
+# The always-on gauges of signal readings (agents/core/readings.py), `node_agent_<name>`
+# with labels resource and device.
+READINGS = {
+    "gpu_pcie_link_width": "PCIe link width of the GPU now, in lanes",
+    "gpu_pcie_link_width_max": "Widest PCIe link the GPU and its slot can train, in lanes",
+    "gpu_pcie_link_gen": "PCIe link generation of the GPU now",
+    "gpu_pcie_link_gen_max": "Highest PCIe link generation the GPU can train",
+    "gpu_utilization_percent": "Percent of the last sample period a kernel ran on the GPU",
+    "gpu_pcie_replays": "NVML's PCIe replay counter of the GPU (only grows)",
+    "gpu_nvlinks": "NVLinks NVML lists for the GPU",
+    "gpu_nvlinks_active": "NVLinks of the GPU that are active now",
+    "gpu_hw_slowdown": "1 while the hardware slows the GPU's clocks (slowdown, thermal, brake)",
+    "gpu_row_remap_pending": "1 while a row remap waits for a GPU reset",
+    "gpu_row_remap_failed": "1 once a row remap failed (the GPU needs replacing)",
+    "gpu_retired_pages_pending": "1 while a page retirement waits for a GPU reset",
+    "nic_link_speed_mbps": "Link speed of the NIC now, in Mb/s (absent while down)",
+    "nic_link_speed_expected_mbps": "Link speed the NIC is expected to run at, in Mb/s",
+}
 
 
 class Metrics:
@@ -60,6 +79,24 @@ class Metrics:
             ["resource", "reason"],
             registry=self.registry,
         )
+        self.degraded = Gauge(
+            "node_agent_device_degraded",
+            "1 while the signal of the device is out of limits, 0 once it is not",
+            ["resource", "device", "signal"],
+            registry=self.registry,
+        )
+        self.signal_figures = Gauge(
+            "node_agent_device_signal_figure",
+            "The figures behind a signal out of limits (e.g. width 8, maxWidth 16)",
+            ["resource", "device", "signal", "figure"],
+            registry=self.registry,
+        )
+        self.readings_gauges = {
+            name: Gauge(f"node_agent_{name}", text, ["resource", "device"], registry=self.registry)
+            for name, text in READINGS.items()
+        }
+        self._signals: dict[tuple[str, str], set[str]] = {}  # series set to 1
+        self._figures: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._devices = _DeviceCollector(list)
         self.registry.register(self._devices)
 
@@ -79,6 +116,38 @@ class Metrics:
     def health_event(self, change: DeviceHealth) -> None:
         reason = "recovered" if change.cause is None else change.cause.label
         self.health_events.labels(change.resource, reason).inc()
+
+    def device_health(self, state: DeviceHealth) -> None:
+        key = state.resource, state.device_id
+        signals = signals_of(state.cause)
+        out = {s.name for s in signals}
+        for name in self._signals.get(key, set()) - out:
+            self.degraded.labels(*key, name).set(0)  # recovered: the series stays, at 0
+        for name in out:
+            self.degraded.labels(*key, name).set(1)
+        self._signals[key] = self._signals.get(key, set()) | out
+        figures = {
+            (s.name, k): float(v)
+            for s in signals
+            for k, v in s.figures().items()
+            if isinstance(v, int | float)
+        }
+        for signal, figure in self._figures.get(key, set()) - set(figures):
+            self.signal_figures.remove(*key, signal, figure)
+        for (signal, figure), value in figures.items():
+            self.signal_figures.labels(*key, signal, figure).set(value)
+        self._figures[key] = set(figures)
+
+    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
+        for name, value in values.items():
+            gauge = self.readings_gauges.get(name)
+            if gauge is None:
+                log.warning("metrics_reading_unknown", reading=name)  # a family's mistake
+            elif value is None:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(resource, device)  # not offered: no series
+            else:
+                gauge.labels(resource, device).set(value)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,7 @@
 """Tells the API server about device health: Events on the Node and its `DevicesHealthy`
-condition. Families hand changes over without ever waiting; the calls run in the
-reporter's own task, with retries and backoff, so a slow or absent API server delays
-no RPC and no health update to the kubelet."""
+and `DevicesDegraded` conditions. Families hand changes over without ever waiting; the
+calls run in the reporter's own task, with retries and backoff, so a slow or absent API
+server delays no RPC and no health update to the kubelet."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from agents.cluster.client import ApiClient, ApiError, UnreachableError
 from agents.core.health import DeviceHealth
 from agents.core.node_report import (
     CONDITION_TYPE,
+    DEGRADED_TYPE,
     Condition,
     EventBook,
     EventRecord,
-    condition_of,
+    conditions_of,
     note_of,
 )
 
@@ -37,6 +38,7 @@ SETTLE_S = 2.0
 # change) leaves its message.
 RESYNC_S = 30.0
 STRATEGIC = "application/strategic-merge-patch+json"
+OWNED = (CONDITION_TYPE, DEGRADED_TYPE)  # the Node conditions the agent sets, no other
 REFUSED_FOR_GOOD = (400, 413, 415, 422)  # the Event itself is wrong: retrying repeats it
 
 
@@ -64,9 +66,9 @@ class Reporter:
         self._settle_s = settle_s
         self.book = EventBook(f"{node}.{os.urandom(4).hex()}")
         self._wake = asyncio.Event()
-        self._condition: Condition | None = None  # as the API server has it
-        self._since = ""  # its lastTransitionTime
-        self._known = False  # the node's condition was read once
+        self._conditions: dict[str, Condition] = {}  # by type, as the API server has them
+        self._since: dict[str, str] = {}  # their lastTransitionTime
+        self._known = False  # the node's conditions were read once
         self._current: Callable[[], list[DeviceHealth]] = list
         self.reachable: bool | None = None  # None until the first call ends
 
@@ -134,30 +136,34 @@ class Reporter:
             # not read it, and a condition that kept its status keeps its transition time.
             self._read_condition(await self._client.request("PATCH", path, {}, STRATEGIC))
             self._known = True
-        wanted = condition_of(self._current())
-        if wanted == self._condition:
+        wanted = conditions_of(self._current())
+        changed = {t: c for t, c in wanted.items() if self._conditions.get(t) != c}
+        if not changed:
             return
-        now = self._now()
-        if self._condition is None or wanted.status != self._condition.status or not self._since:
-            since = now
-        else:
-            since = self._since
-        body = {"status": {"conditions": [_condition_body(wanted, now, since)]}}
-        await self._client.request("PATCH", path, body, STRATEGIC)
-        self._condition, self._since = wanted, since
-        log.info("node_condition_set", type=CONDITION_TYPE, status=wanted.status)
+        now, bodies = self._now(), []
+        for kind, condition in changed.items():
+            had, since = self._conditions.get(kind), self._since.get(kind, "")
+            if had is None or condition.status != had.status or not since:
+                since = now
+            bodies.append(_condition_body(kind, condition, now, since))
+        await self._client.request("PATCH", path, {"status": {"conditions": bodies}}, STRATEGIC)
+        for body in bodies:
+            kind = body["type"]
+            self._conditions[kind], self._since[kind] = changed[kind], body["lastTransitionTime"]
+            log.info("node_condition_set", type=kind, status=body["status"])
 
     def _read_condition(self, node: dict[str, object]) -> None:
-        """What the node holds from an earlier run: its transition time stays if the
-        status does."""
+        """What the node holds from an earlier run: a condition's transition time stays if
+        its status does."""
         status = node.get("status")
         conditions = status.get("conditions") if isinstance(status, dict) else None
         for c in conditions if isinstance(conditions, list) else []:
-            if isinstance(c, dict) and c.get("type") == CONDITION_TYPE:
-                self._condition = Condition(
+            kind = c.get("type") if isinstance(c, dict) else None
+            if kind in OWNED:
+                self._conditions[kind] = Condition(
                     str(c.get("status")), str(c.get("reason")), str(c.get("message"))
                 )
-                self._since = str(c.get("lastTransitionTime") or "")
+                self._since[kind] = str(c.get("lastTransitionTime") or "")
 
     async def _send(self, record: EventRecord, fallback: bool = True) -> None:
         """Create the record's Event or patch its count. An Event the API server expired
@@ -212,9 +218,9 @@ class Reporter:
         }
 
 
-def _condition_body(condition: Condition, now: str, since: str) -> dict[str, str]:
+def _condition_body(kind: str, condition: Condition, now: str, since: str) -> dict[str, str]:
     return {
-        "type": CONDITION_TYPE,
+        "type": kind,
         "status": condition.status,
         "reason": condition.reason,
         "message": condition.message,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import enum
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from agents.core.degraded import SignalVerdict
 
 OURS = "node-agents.io"
 DEGRADED_TAINT = f"{OURS}/degraded"
@@ -234,6 +236,62 @@ class Signal(Cause):
 
     def taint(self, driver: str) -> Taint:
         return Taint(DEGRADED_TAINT, self.name)
+
+
+@dataclass(frozen=True)
+class Signals(Cause):
+    """Several signals out of limits at once. The device takes the worst grade; the taint
+    names the first signal of that grade (a device carries one taint of ours)."""
+
+    signals: tuple[Signal, ...]  # at least two, in the evaluator's order
+
+    @property
+    def grade(self) -> Grade:
+        return Grade.UNHEALTHY if self._worst()[0].level is Grade.UNHEALTHY else Grade.DEGRADED
+
+    @property
+    def label(self) -> str:
+        return ",".join(s.name for s in self.signals)
+
+    def text(self) -> str:
+        return "; ".join(s.message for s in self._worst())
+
+    def figures(self) -> Mapping[str, Figure]:
+        return {f"{s.name}.{k}": v for s in self.signals for k, v in s.measured}
+
+    def taint(self, driver: str) -> Taint:
+        return self._worst()[0].taint(driver)
+
+    def _worst(self) -> list[Signal]:
+        """The signals of the device's grade, Unhealthy ones before any Degraded one."""
+        bad = [s for s in self.signals if s.level is Grade.UNHEALTHY]
+        return bad or list(self.signals)
+
+
+def signals_of(cause: Cause | None) -> tuple[Signal, ...]:
+    """The measured signals behind a cause: none for a fault that is no signal."""
+    if isinstance(cause, Signal):
+        return (cause,)
+    if isinstance(cause, Signals):
+        return cause.signals
+    return ()
+
+
+def signal_cause(verdicts: Iterable[SignalVerdict]) -> Signal | Signals | None:
+    """The cause for the signals an evaluator found out of limits (a DeviceVerdict's
+    signals): None for none, a Signal for one, Signals for several."""
+    signals = tuple(
+        Signal(
+            v.signal,
+            v.message,
+            tuple(v.figures),
+            Grade.UNHEALTHY if v.grade == "unhealthy" else Grade.DEGRADED,
+        )
+        for v in verdicts
+    )
+    if not signals:
+        return None
+    return signals[0] if len(signals) == 1 else Signals(signals)
 
 
 @dataclass(frozen=True)

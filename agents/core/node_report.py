@@ -1,5 +1,6 @@
 """What the cluster is told of device health: Event notes for health changes, counted per
-kind of change, and the `DevicesHealthy` Node condition computed from the current state."""
+kind of change, and the `DevicesHealthy` and `DevicesDegraded` Node conditions computed
+from the current state."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from dataclasses import dataclass
 from agents.core.health import DeviceHealth, Grade
 
 CONDITION_TYPE = "DevicesHealthy"
+DEGRADED_TYPE = "DevicesDegraded"
+DEGRADED_REASON = "DeviceDegraded"
+NONE_DEGRADED_REASON = "NoDeviceDegraded"
 UNHEALTHY_REASON = "DeviceUnhealthy"
 HEALTHY_REASON = "DeviceHealthy"
 ALL_HEALTHY_REASON = "DevicesHealthy"
@@ -45,13 +49,46 @@ class Condition:
 
 
 def condition_of(devices: Iterable[DeviceHealth]) -> Condition:
-    """The `DevicesHealthy` condition of the node, from every advertised device."""
+    """The `DevicesHealthy` condition of the node, from every advertised device: False
+    while one is Unhealthy (a Degraded device still works)."""
     everything = list(devices)
-    bad = [(d, d.cause) for d in everything if d.cause and d.cause.grade is Grade.UNHEALTHY]
-    if not bad:
-        return Condition("True", ALL_HEALTHY_REASON, f"all {len(everything)} devices are Healthy")
-    parts = [f"{d.resource} {d.device_id} ({d.where}): {cause.text()}" for d, cause in bad]
-    head = f"{len(bad)} of {len(everything)} devices Unhealthy: "
+    bad = [d for d in everything if d.grade is Grade.UNHEALTHY]
+    if bad:
+        return Condition("False", UNHEALTHY_REASON, _listed(bad, len(everything), "Unhealthy"))
+    slow = sum(1 for d in everything if d.grade is Grade.DEGRADED)
+    if slow:
+        message = f"no device of {len(everything)} is Unhealthy; {slow} Degraded"
+    else:
+        message = f"all {len(everything)} devices are Healthy"
+    return Condition("True", ALL_HEALTHY_REASON, message)
+
+
+def degraded_condition_of(devices: Iterable[DeviceHealth]) -> Condition:
+    """The `DevicesDegraded` condition of the node: True, listing them, while a device is
+    Degraded."""
+    everything = list(devices)
+    slow = [d for d in everything if d.grade is Grade.DEGRADED]
+    if slow:
+        return Condition("True", DEGRADED_REASON, _listed(slow, len(everything), "Degraded"))
+    return Condition(
+        "False", NONE_DEGRADED_REASON, f"none of {len(everything)} devices is Degraded"
+    )
+
+
+def conditions_of(devices: Iterable[DeviceHealth]) -> dict[str, Condition]:
+    """Every condition the agent owns, by type."""
+    everything = list(devices)
+    return {
+        CONDITION_TYPE: condition_of(everything),
+        DEGRADED_TYPE: degraded_condition_of(everything),
+    }
+
+
+def _listed(devices: list[DeviceHealth], total: int, grade: str) -> str:
+    """`2 of 8 devices Degraded: <resource> <id> (<where>): <cause>; ...`, at most
+    MESSAGE_LIMIT characters."""
+    parts = [f"{d.resource} {d.device_id} ({d.where}): {_text(d)}" for d in devices]
+    head = f"{len(devices)} of {total} devices {grade}: "
     message = head + "; ".join(parts)
     if len(message) > MESSAGE_LIMIT:
         shown: list[str] = []
@@ -59,8 +96,12 @@ def condition_of(devices: Iterable[DeviceHealth]) -> Condition:
             if len(head) + len("; ".join([*shown, part])) > MESSAGE_LIMIT - 20:
                 break
             shown.append(part)
-        message = f"{head}{'; '.join(shown)}; and {len(bad) - len(shown)} more"
-    return Condition("False", UNHEALTHY_REASON, message)
+        message = f"{head}{'; '.join(shown)}; and {len(devices) - len(shown)} more"
+    return message
+
+
+def _text(device: DeviceHealth) -> str:
+    return "" if device.cause is None else device.cause.text()
 
 
 @dataclass

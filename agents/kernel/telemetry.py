@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from agents.core.health import DeviceHealth
@@ -14,7 +15,19 @@ class Telemetry(Protocol):
 
     def registered(self, resource: str) -> None: ...
 
-    def health_event(self, change: DeviceHealth) -> None: ...
+    def health_event(self, change: DeviceHealth) -> None:
+        """A device's grade changed."""
+        ...
+
+    def device_health(self, state: DeviceHealth) -> None:
+        """A device's health differs from the last one published: grade, cause or the
+        figures of its signals."""
+        ...
+
+    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
+        """One probe's readings of a device's signals, by reading name (agents/metrics.py
+        READINGS); None: not offered."""
+        ...
 
 
 class NoTelemetry:
@@ -28,4 +41,10 @@ class NoTelemetry:
         pass
 
     def health_event(self, change: DeviceHealth) -> None:
+        pass
+
+    def device_health(self, state: DeviceHealth) -> None:
+        pass
+
+    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
         pass

@@ -13,8 +13,9 @@ from structlog.testing import capture_logs
 
 from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
-from agents.core.health import DeviceHealth, LinkNotUp, Xids
+from agents.core.health import DeviceHealth, LinkNotUp, Signal, Signals, Xids
 from agents.core.node_report import note_of
+from agents.health import HealthFanout
 from agents.tasks import until
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer
@@ -36,8 +37,8 @@ class Setup:
         self.state[device.device_id] = device
         self.reporter.changed(device)
 
-    def condition(self) -> dict[str, str] | None:
-        return self.server.store.condition(NODE, "DevicesHealthy")
+    def condition(self, kind: str = "DevicesHealthy") -> dict[str, str] | None:
+        return self.server.store.condition(NODE, kind)
 
     def events(self) -> list[dict[str, object]]:
         return list(self.server.store.event_list("default")["items"])
@@ -194,3 +195,89 @@ async def test_an_event_refused_as_invalid_holds_up_no_other(setup: Setup) -> No
     await async_wait_until(lambda: len(setup.events()) == 1, WAIT)
     assert "interface ens1np0" in str(setup.events()[0]["message"])
     await async_wait_until(lambda: (setup.condition() or {}).get("status") == "False", WAIT)
+
+
+X8 = Signal("pcie-width", "PCIe link x8 of x16", (("width", 8), ("maxWidth", 16)))
+X4 = Signal("pcie-width", "PCIe link x4 of x16", (("width", 4), ("maxWidth", 16)))
+LINKS = Signal("nvlink-down", "NVLink 2 of 18 links down", (("down", 2), ("links", 18)))
+SLOW = Signal("link-speed", "ens1np0 at 100000 Mb/s, expected 400000", (("speedMbps", 100000),))
+
+
+def said(setup: Setup) -> set[tuple[str, str, str]]:
+    """(type, reason, message) of each Event on the API server."""
+    return {(str(e["type"]), str(e["reason"]), str(e["message"])) for e in setup.events()}
+
+
+async def test_degraded_devices_through_the_fanout_reach_events_and_both_conditions(
+    setup: Setup,
+) -> None:
+    fanout = HealthFanout(reporter=setup.change)
+    await async_wait_until(lambda: setup.condition("DevicesDegraded") is not None, WAIT)
+    degraded = setup.condition("DevicesDegraded")
+    assert degraded is not None
+    assert (degraded["status"], degraded["reason"]) == ("False", "NoDeviceDegraded")
+    nic = DeviceHealth(NIC_UP.resource, NIC_UP.device_id, NIC_UP.where, SLOW)
+    for state in (DeviceHealth(GPU0.resource, GPU0.device_id, GPU0.where, X8), nic):
+        setup.state[state.device_id] = state
+        fanout.publish([state])
+    await async_wait_until(lambda: setup.counts() == {"DeviceDegraded": 2}, WAIT)
+    assert said(setup) == {
+        (
+            "Warning",
+            "DeviceDegraded",
+            "nvidia.com/gpu device GPU-0 (GPU 0) is Degraded: PCIe link x8 of x16",
+        ),
+        (
+            "Warning",
+            "DeviceDegraded",
+            "rdma/roce device 0000:1c:00.0 (interface ens1np0) is Degraded: "
+            "ens1np0 at 100000 Mb/s, expected 400000",
+        ),
+    }
+    await async_wait_until(
+        lambda: (setup.condition("DevicesDegraded") or {}).get("status") == "True", WAIT
+    )
+    degraded = setup.condition("DevicesDegraded")
+    assert degraded is not None and degraded["reason"] == "DeviceDegraded"
+    assert degraded["message"].startswith("2 of 2 devices Degraded: nvidia.com/gpu GPU-0")
+    assert "ens1np0 at 100000 Mb/s, expected 400000" in degraded["message"]
+    healthy = setup.condition()
+    assert healthy is not None and healthy["status"] == "True"  # Degraded is not Unhealthy
+
+
+async def test_degraded_signal_changes_and_recovery_as_the_api_server_sees_them(
+    setup: Setup,
+) -> None:
+    fanout = HealthFanout(reporter=setup.change)
+
+    def gpu(cause: Signal | Signals | Xids | None) -> None:
+        state = DeviceHealth(GPU0.resource, GPU0.device_id, GPU0.where, cause)
+        setup.state[state.device_id] = state
+        fanout.publish([state])
+
+    await async_wait_until(lambda: setup.condition("DevicesDegraded") is not None, WAIT)
+    gpu(X8)
+    gpu(X4)  # the same signal, new figures: no Event
+    gpu(Signals((X4, LINKS)))  # another signal: news
+    gpu(Xids((79,)))
+    gpu(None)
+    await async_wait_until(
+        lambda: setup.counts() == {"DeviceDegraded": 2, "DeviceUnhealthy": 1, "DeviceHealthy": 1},
+        WAIT,
+    )
+    what = "nvidia.com/gpu device GPU-0 (GPU 0) is"
+    assert said(setup) == {
+        ("Warning", "DeviceDegraded", f"{what} Degraded: PCIe link x8 of x16"),
+        (
+            "Warning",
+            "DeviceDegraded",
+            f"{what} Degraded: PCIe link x4 of x16; NVLink 2 of 18 links down",
+        ),
+        ("Warning", "DeviceUnhealthy", f"{what} Unhealthy: XID 79 (fell off the bus)"),
+        ("Normal", "DeviceHealthy", f"{what} Healthy again"),
+    }
+    await async_wait_until(
+        lambda: (setup.condition("DevicesDegraded") or {}).get("status") == "False", WAIT
+    )
+    history = setup.server.store.condition_history(NODE, "DevicesDegraded")
+    assert history[0] == "False" and history[-1] == "False"

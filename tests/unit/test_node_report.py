@@ -4,7 +4,14 @@ one Event."""
 from __future__ import annotations
 
 from agents.core.health import DeviceHealth, GpuLost, LinkNotUp, Signal, Xids
-from agents.core.node_report import MESSAGE_LIMIT, EventBook, condition_of, note_of
+from agents.core.node_report import (
+    MESSAGE_LIMIT,
+    EventBook,
+    condition_of,
+    conditions_of,
+    degraded_condition_of,
+    note_of,
+)
 
 GPU = DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", Xids((79,)))
 NIC = DeviceHealth("rdma/roce", "0000:1c:00.0", "interface ens1np0", LinkNotUp("down"))
@@ -25,6 +32,55 @@ def test_degraded_note_is_a_warning_naming_the_signal_and_its_figures() -> None:
     assert (note.type, note.reason) == ("Warning", "DeviceDegraded")
     assert note.message == "nvidia.com/gpu device GPU-aa (GPU 5) is Degraded: PCIe link x8 of x16"
     assert condition_of([DeviceHealth("nvidia.com/gpu", "GPU-aa", "GPU 5", x8)]).status == "True"
+
+
+SLOW_GPU = DeviceHealth(
+    "nvidia.com/gpu",
+    "GPU-cc",
+    "GPU 2",
+    Signal("nvlink-down", "NVLink 2 of 18 links down", (("down", 2), ("links", 18))),
+)
+SLOW_NIC = DeviceHealth(
+    "rdma/roce",
+    "0000:1d:00.0",
+    "interface ens2np0",
+    Signal("link-speed", "ens2np0 at 100000 Mb/s, expected 400000"),
+)
+
+
+def test_degraded_condition_is_false_when_no_device_is_degraded() -> None:
+    ok = DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1")
+    condition = degraded_condition_of([ok, GPU])  # an Unhealthy device is not Degraded
+    assert (condition.status, condition.reason) == ("False", "NoDeviceDegraded")
+    assert condition.message == "none of 2 devices is Degraded"
+
+
+def test_degraded_condition_is_true_and_lists_each_degraded_device_with_its_figures() -> None:
+    ok = DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1")
+    conditions = conditions_of([SLOW_GPU, ok, GPU, SLOW_NIC])
+    degraded = conditions["DevicesDegraded"]
+    assert (degraded.status, degraded.reason) == ("True", "DeviceDegraded")
+    assert degraded.message == (
+        "2 of 4 devices Degraded: nvidia.com/gpu GPU-cc (GPU 2): NVLink 2 of 18 links down; "
+        "rdma/roce 0000:1d:00.0 (interface ens2np0): ens2np0 at 100000 Mb/s, expected 400000"
+    )
+    healthy = conditions["DevicesHealthy"]  # counts the Unhealthy one only
+    assert (healthy.status, healthy.message[:29]) == ("False", "1 of 4 devices Unhealthy: nvi")
+
+
+def test_devices_healthy_stays_true_with_degraded_devices_and_says_so() -> None:
+    condition = condition_of([SLOW_GPU, DeviceHealth("nvidia.com/gpu", "GPU-bb", "GPU 1")])
+    assert (condition.status, condition.reason) == ("True", "DevicesHealthy")
+    assert condition.message == "no device of 2 is Unhealthy; 1 Degraded"
+
+
+def test_degraded_condition_message_stays_short() -> None:
+    slow = [
+        DeviceHealth("nvidia.com/gpu", f"GPU-{i:040d}", f"GPU {i}", SLOW_GPU.cause)
+        for i in range(64)
+    ]
+    message = degraded_condition_of(slow).message
+    assert len(message) <= MESSAGE_LIMIT and message.endswith(" more")
 
 
 def test_healthy_note_is_normal_and_names_the_interface() -> None:
