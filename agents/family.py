@@ -57,6 +57,11 @@ class HealthSink(Protocol):
 
     def publish(self, states: Iterable[DeviceHealth]) -> None: ...
 
+    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
+        """One probe's readings of a device's signals for the always-on gauges
+        (agents/core/readings.py makes them from a GPU's or a NIC's reading)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Context:

@@ -4,7 +4,7 @@ this decides what changed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
@@ -44,6 +44,10 @@ class HealthFanout:
             elif state.cause is None or not state.cause.news or same:
                 continue  # no news: Healthy still, recovering, or the same fault again
             self._tell(state)
+
+    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
+        """One probe's readings of a device, whatever its verdict: to the metrics only."""
+        self._telemetry.readings(resource, device, values)
 
     def _tell(self, state: DeviceHealth) -> None:
         where = {"resource": state.resource, "device": state.device_id, "where": state.where}

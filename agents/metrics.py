@@ -34,10 +34,10 @@ READINGS = {
     "gpu_pcie_replays": "NVML's PCIe replay counter of the GPU (only grows)",
     "gpu_nvlinks": "NVLinks NVML lists for the GPU",
     "gpu_nvlinks_active": "NVLinks of the GPU that are active now",
-    "gpu_hw_slowdown": "1 while the hardware slows the GPU's clocks (slowdown, thermal, brake)",
-    "gpu_row_remap_pending": "1 while a row remap waits for a GPU reset",
-    "gpu_row_remap_failed": "1 once a row remap failed (the GPU needs replacing)",
-    "gpu_retired_pages_pending": "1 while a page retirement waits for a GPU reset",
+    "gpu_hw_slowdown": "Whether the hardware slows the GPU (slowdown, thermal, brake): 1 or 0",
+    "gpu_row_remap_pending": "Whether a row remap waits for a GPU reset: 1 or 0",
+    "gpu_row_remap_failed": "Whether a row remap ever failed (the GPU needs replacing): 1 or 0",
+    "gpu_retired_pages_pending": "Whether a page retirement waits for a GPU reset: 1 or 0",
     "nic_link_speed_mbps": "Link speed of the NIC now, in Mb/s (absent while down)",
     "nic_link_speed_expected_mbps": "Link speed the NIC is expected to run at, in Mb/s",
 }
@@ -81,7 +81,7 @@ class Metrics:
         )
         self.degraded = Gauge(
             "node_agent_device_degraded",
-            "1 while the signal of the device is out of limits, 0 once it is not",
+            "Whether the signal of the device is out of limits now (1) or was and is no more (0)",
             ["resource", "device", "signal"],
             registry=self.registry,
         )

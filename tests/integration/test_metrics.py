@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agents.backends import simulated_backends
 from agents.config import Config
+from agents.core.health import DeviceHealth, Signal
 from agents.daemon import Agent
 from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
@@ -208,6 +209,28 @@ async def test_injected_xid_79_turns_one_gpu_unhealthy_and_counts_the_event(
     assert value(metrics, "node_agent_health_events_total", **events) == 1
 
 
+async def test_a_degraded_gpu_published_by_the_agent_is_scraped_with_its_figures(
+    running: Scrapeable,
+) -> None:
+    victim = running_family(running.agent, GpuFamily).gpus[2].uuid
+    x8 = Signal("pcie-width", "PCIe link x8 of x16", (("width", 8), ("maxWidth", 16)))
+    running.agent.health.publish([DeviceHealth(GPU_RESOURCE, victim, "GPU 2", x8)])
+    running.agent.health.readings(GPU_RESOURCE, victim, {"gpu_pcie_link_width": 8})
+    series = {"resource": GPU_RESOURCE, "device": victim, "signal": "pcie-width"}
+    metrics = await running.metrics()
+    assert value(metrics, "node_agent_device_degraded", **series) == 1
+    assert value(metrics, "node_agent_device_signal_figure", **series, figure="width") == 8
+    reading = {"resource": GPU_RESOURCE, "device": victim}
+    assert value(metrics, "node_agent_gpu_pcie_link_width", **reading) == 8
+    events = {"resource": GPU_RESOURCE, "reason": "pcie-width"}
+    assert value(metrics, "node_agent_health_events_total", **events) == 1
+
+    running.agent.health.publish([DeviceHealth(GPU_RESOURCE, victim, "GPU 2")])
+    metrics = await running.metrics()
+    assert value(metrics, "node_agent_device_degraded", **series) == 0
+    assert value(metrics, "node_agent_device_signal_figure", **series, figure="width") is None
+
+
 async def test_metric_names_and_help_follow_prometheus_conventions(running: Scrapeable) -> None:
     await running.kubelet.admit(Pod("one", [Container("c", {GPU_RESOURCE: 1})]))
     metrics = await running.metrics()
@@ -219,6 +242,9 @@ async def test_metric_names_and_help_follow_prometheus_conventions(running: Scra
         "node_agent_allocated_devices": "counter",
         "node_agent_health_events": "counter",
         "node_agent_rpc_duration_seconds": "histogram",
+        "node_agent_device_degraded": "gauge",
+        "node_agent_device_signal_figure": "gauge",
+        "node_agent_gpu_pcie_link_width": "gauge",
     }
     assert {name: metrics[name].type for name in expected if name in metrics} == expected
     for name, family in metrics.items():
