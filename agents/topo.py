@@ -1,4 +1,5 @@
-"""`node-agent topo`: the node's GPUs and NICs, their distance matrix and GPU<->NIC pairs."""
+"""`node-agent topo`: the node's GPUs and NICs with their grades, their distance matrix
+and GPU<->NIC pairs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 from agents.backends import simulated_backends
 from agents.config import Config, load_config
+from agents.core.degraded import Limits
 from agents.core.topology import Topology
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
+from agents.grades import Graded, gpu_grades, nic_grades
 from agents.hw.lldp import Neighbour, NeighbourSource
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
@@ -23,17 +26,21 @@ LEGEND = (
     "PIX = at most one PCIe switch between them; PXB = several switches, no host bridge;\n"
     "PHB = through a PCIe host bridge; NODE = between host bridges of one NUMA node;\n"
     "SYS = across NUMA nodes. NV# = # NVLinks (through NVSwitches on HGX/NVL systems).\n"
-    "A GPU's pairs are the NICs at its smallest distance."
+    "A GPU's pairs are the NICs at its smallest distance.\n"
+    "Grade: from one reading of each device's signals (docs/degraded.md); PCIe replays,\n"
+    "hardware slowdown, RDMA errors, link flaps and XIDs need the running agent."
 )
 
 
 async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
     config = load_config(config_file) if config_file else Config.default()
+    limits = config.health.degraded.limits
     async with _node(simulate) as (nvml, sysfs, lldp):
-        gpus = _gpus(nvml, sysfs)
+        gpus, graded = _gpus(nvml, sysfs, limits)
         nics = discover_nics(sysfs, config.roce.selectors)
+        graded |= nic_grades(sysfs, nics, limits)
         neighbours = _neighbours(lldp, nics)
-    report = build_report(gpus, nics, neighbours)
+    report = build_report(gpus, nics, neighbours, graded)
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
     return 0
 
@@ -63,10 +70,11 @@ def _neighbours(lldp: NeighbourSource | None, nics: list[Nic]) -> dict[str, Neig
     return {i: n for i, n in heard.items() if n is not None}
 
 
-def _gpus(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
+def _gpus(nvml: Nvml, sysfs: Sysfs, limits: Limits) -> tuple[list[Gpu], dict[str, Graded]]:
     nvml.init()
     try:
-        return discover(nvml, sysfs)
+        gpus = discover(nvml, sysfs)
+        return gpus, gpu_grades(nvml, gpus, limits)
     finally:
         nvml.shutdown()
 
@@ -76,8 +84,14 @@ def _names(gpus: list[Gpu], nics: list[Nic]) -> tuple[dict[str, str], dict[str, 
 
 
 def build_report(
-    gpus: list[Gpu], nics: list[Nic], neighbours: dict[str, Neighbour] | None = None
+    gpus: list[Gpu],
+    nics: list[Nic],
+    neighbours: dict[str, Neighbour] | None = None,
+    graded: dict[str, Graded] | None = None,
 ) -> dict[str, Any]:
+    """The report `--json` prints; `graded`: each device's grade by UUID or PCI address
+    (left out: Healthy)."""
+    grades = graded or {}
     gpu_names, nic_names = _names(gpus, nics)
     topology = Topology(
         {g.uuid: g.location for g in gpus if g.location is not None},
@@ -97,10 +111,13 @@ def build_report(
                 "numa": g.numa,
                 "model": g.model,
                 "memoryMiB": g.memory_mib,
+                **_grade(grades.get(g.uuid)),
             }
             for g in gpus
         ],
-        "nics": [_nic(n, (neighbours or {}).get(n.netdev)) for n in nics],
+        "nics": [
+            _nic(n, (neighbours or {}).get(n.netdev)) | _grade(grades.get(n.pci)) for n in nics
+        ],
         "matrix": {
             names[a]: {names[b]: "X" if a == b else matrix.get((a, b), "-") for b in ids}
             for a in ids
@@ -124,6 +141,12 @@ def _nic(nic: Nic, neighbour: Neighbour | None) -> dict[str, Any]:
         "leafSwitch": neighbour.leaf if neighbour else None,
         "leafPort": neighbour.port_id if neighbour else None,
     }
+
+
+def _grade(graded: Graded | None) -> dict[str, Any]:
+    """`grade` and `signals`: what is out of limits (or the fault), empty when Healthy."""
+    g = graded or Graded("Healthy")
+    return {"grade": g.grade, "signals": list(g.why)}
 
 
 def _matrix(gpus: list[Gpu], topology: Topology) -> dict[tuple[str, str], str]:
@@ -151,13 +174,14 @@ def render(report: dict[str, Any]) -> str:
     lines = ["Devices"]
     for g in report["gpus"]:
         lines.append(
-            f"  {g['name']:<8} {g['uuid']}  pci {g['pci']}  NUMA {g['numa']}  {g['model']}"
+            f"  {g['name']:<8} {g['grade']:<9} {g['uuid']}  pci {g['pci']}  NUMA {g['numa']}"
+            f"  {g['model']}{_signals(g)}"
         )
     for n in report["nics"]:
         leaf = f"{n['leafSwitch']} {n['leafPort']}" if n["leafSwitch"] else "-"
         lines.append(
-            f"  {n['name']:<8} pci {n['pci']}  {n['netdev']}  NUMA {n['numa']}  {n['uverbs']}"
-            f"  leaf {leaf}"
+            f"  {n['name']:<8} {n['grade']:<9} pci {n['pci']}  {n['netdev']}  NUMA {n['numa']}"
+            f"  {n['uverbs']}  leaf {leaf}{_signals(n)}"
         )
     names = list(report["matrix"])
     width = max([len(n) for n in names] + [4]) + 1
@@ -171,3 +195,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  {gpu:<8} -> {nics} ({pair['distance'] or '-'})")
     lines += ["", LEGEND]
     return "\n".join(lines) + "\n"
+
+
+def _signals(device: dict[str, Any]) -> str:
+    return f"  ({'; '.join(device['signals'])})" if device["signals"] else ""
