@@ -162,14 +162,17 @@ class _DeviceCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         devices = GaugeMetricFamily(
             "node_agent_devices",
-            "Advertised devices, by resource and health",
+            "Advertised devices, by resource and grade (Healthy, Degraded, Unhealthy)",
             labels=["resource", "health"],
         )
         for resource in self.resources():
             listed = resource.inventory.devices
-            healthy = sum(1 for d in listed if d.healthy)
+            # Degraded whatever the kubelet is told of it (health.degraded.report).
+            slow = sum(1 for d in listed if d.degraded)
+            healthy = sum(1 for d in listed if d.healthy and not d.degraded)
             devices.add_metric([resource.name, "Healthy"], healthy)
-            devices.add_metric([resource.name, "Unhealthy"], len(listed) - healthy)
+            devices.add_metric([resource.name, "Degraded"], slow)
+            devices.add_metric([resource.name, "Unhealthy"], len(listed) - healthy - slow)
         yield devices
         info = GaugeMetricFamily("node_agent_build_info", "Build of the agent", labels=["version"])
         info.add_metric([__version__], 1)

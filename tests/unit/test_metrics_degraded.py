@@ -3,13 +3,17 @@ once it is not; the figures behind the signals; the always-on readings of a prob
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.core.device import ContainerAllocation, Device
 from agents.core.gpu_signals import GpuReading
 from agents.core.health import DeviceHealth, Signal, Signals, Xids
 from agents.core.nic_signals import NicReading
 from agents.core.readings import gpu_readings, nic_readings
 from agents.health import HealthFanout
+from agents.kernel.catalogue import Inventory, Resource
 from agents.metrics import READINGS, Metrics
 
 GPU = ("nvidia.com/gpu", "GPU-0", "GPU 0")
@@ -114,3 +118,33 @@ def test_a_nic_probe_gives_its_speed_and_the_expected_one_and_no_speed_while_dow
     assert samples(metrics, "node_agent_nic_link_speed_expected_mbps") == {key: 400000}
     metrics.readings("rdma/roce", key[0][1], nic_readings(NicReading(speed_mbps=-1), 400000))
     assert samples(metrics, "node_agent_nic_link_speed_mbps") == {}
+
+
+class Listed:
+    """A resource as the metrics read it: its name and inventory."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.name = "nvidia.com/gpu"
+        self.inventory = Inventory(devices)
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+        raise NotImplementedError
+
+    def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        raise NotImplementedError
+
+
+def test_devices_are_counted_by_grade_whatever_the_kubelet_is_told() -> None:
+    metrics = Metrics()
+    devices = [
+        Device("a"),
+        Device("b", degraded=True),  # told Healthy
+        Device("c", healthy=False, degraded=True),  # report: unhealthy
+        Device("d", healthy=False),
+    ]
+    resource: Resource = Listed(devices)
+    metrics.watch_resources(lambda: [resource])
+    found = {dict(k)["health"]: v for k, v in samples(metrics, "node_agent_devices").items()}
+    assert found == {"Healthy": 1, "Degraded": 2, "Unhealthy": 1}
