@@ -3,6 +3,8 @@ extend, as agents/families.py is of families. The first is the default."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from agents.dra.api import DraApi
 from agents.errors import ConfigError
 from agents.kernel.runtime import Api, Serve
@@ -14,9 +16,9 @@ APIS: tuple[Api, ...] = (DevicePluginApi(), DraApi())
 PLAIN: Serve = DevicePlugins()
 
 
-def api_named(name: str) -> Api:
+def api_named(name: str, among: Sequence[Api] = APIS) -> Api:
     """The API `--api` names; ConfigError for any other."""
-    for api in APIS:
+    for api in among:
         if api.name == name:
             return api
-    raise ConfigError("--api", name, f"any of {', '.join(a.name for a in APIS)}")
+    raise ConfigError("--api", name, f"any of {', '.join(a.name for a in among)}")

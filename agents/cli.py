@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from agents.cluster.node_labels import NodeLabeller
     from agents.daemon import Agent, HealthReporter
     from agents.family import FamilyKind
+    from agents.kernel.runtime import Api
     from agents.nodeconfig import NodeConfigs
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -83,7 +84,8 @@ def configure_logging(fmt: str, level: int = logging.INFO) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
+    """The command line of `node-agent`; --api chooses among `apis` (None: agents/apis.py's)."""
     parser = argparse.ArgumentParser(
         prog="node-agent", description="Kubernetes device-plugin agents for GPUs and RoCE NICs."
     )
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
     _cluster_flags(run)
-    _api_flags(run)
+    _api_flags(run, _apis(apis))
     run.add_argument(
         "--log-format",
         choices=("json", "console"),
@@ -234,12 +236,10 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
-def _api_flags(run: argparse.ArgumentParser) -> None:
+def _api_flags(run: argparse.ArgumentParser, apis: Sequence[Api]) -> None:
     """The kubelet API the devices are served through (agents/apis.py), and each API's own
     flags."""
-    from agents.apis import APIS
-
-    names = _api_names()
+    names = tuple(api.name for api in apis)
     run.add_argument(
         "--api",
         choices=names,
@@ -247,19 +247,21 @@ def _api_flags(run: argparse.ArgumentParser) -> None:
         help=f"serve devices through {' or '.join(names)} (env {API_ENV}; "
         f"default {names[0]}); one API per node",
     )
-    for api in APIS:
+    for api in apis:
         api.add_flags(run)
 
 
-def _api_names() -> tuple[str, ...]:
+def _apis(given: Sequence[Api] | None) -> tuple[Api, ...]:
     from agents.apis import APIS
 
-    return tuple(api.name for api in APIS)
+    return APIS if given is None else tuple(given)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse argv; an unknown argument after a command gets that command's usage (exit 2)."""
-    parser = build_parser()
+def parse_args(argv: Sequence[str] | None, apis: Sequence[Api] | None = None) -> argparse.Namespace:
+    """Parse argv; an unknown argument after a command gets that command's usage (exit 2).
+    `apis`: those --api chooses among (None: agents/apis.py's); kept as `opts.apis`."""
+    apis = _apis(apis)
+    parser = build_parser(apis)
     args = sys.argv[1:] if argv is None else list(argv)
     # Before the command only --help and --version are known; argparse would only say
     # that the command is missing.
@@ -272,7 +274,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         _subparser(parser, opts.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(opts, "simulate_root", None) and not opts.simulate:
         _subparser(parser, "run").error("--simulate-root: only with --simulate")
-    names = _api_names()
+    opts.apis = apis
+    names = tuple(api.name for api in apis)
     if getattr(opts, "api", names[0]) not in names:
         _subparser(parser, "run").error(f"{API_ENV}: one of {', '.join(names)}, not {opts.api!r}")
     if getattr(opts, "log_level", "info") not in LOG_LEVELS:
@@ -289,9 +292,14 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
     return found
 
 
-def main(argv: Sequence[str] | None = None, timing: Timing = PRODUCTION) -> int:
-    """`node-agent ARGV`; `timing` is not a flag: tests start the agent on short ones."""
-    opts = parse_args(argv)
+def main(
+    argv: Sequence[str] | None = None,
+    timing: Timing = PRODUCTION,
+    apis: Sequence[Api] | None = None,
+) -> int:
+    """`node-agent ARGV`; `timing` and `apis` are no flags: tests start the agent on short
+    times, or with an API of their own beside agents/apis.py's."""
+    opts = parse_args(argv, apis)
     opts.timing = timing
     try:
         if opts.command == "run":
@@ -384,9 +392,9 @@ async def _serve_config(
     )
     reporter = await _cluster_reporter(opts)
     labeller = await _node_labeller(opts) if opts.label_node else None
-    from agents.apis import APIS, api_named
+    from agents.apis import api_named
 
-    api = api_named(opts.api)
+    api = api_named(opts.api, opts.apis)
     serve = await api.serve(opts, os.environ)
     async with backends_cm as backends:
         agent = Agent(
@@ -400,7 +408,7 @@ async def _serve_config(
             pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
             api=serve,
-            leftovers=[other.leftovers(opts) for other in APIS if other is not api],
+            leftovers=[other.leftovers(opts) for other in opts.apis if other is not api],
             node_labeller=labeller,
             timing=opts.timing,
         )
