@@ -118,9 +118,7 @@ def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
         "so that device paths given to the kubelet exist there; in a pod, a hostPath at the "
         "same path (default: a fresh temporary directory; only with --simulate)",
     )
-    run.add_argument(
-        "--families", metavar="gpu,roce", default="gpu,roce", help="families to run (default all)"
-    )
+    run.add_argument("--families", metavar="gpu,roce", help="families to run (default all)")
     run.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",

@@ -10,8 +10,11 @@ from agents.roce.kind import RoceKind
 KINDS: tuple[FamilyKind, ...] = (GpuKind(), RoceKind())
 
 
-def parse_families(text: str) -> tuple[FamilyKind, ...]:
-    """The kinds named in a --families value ("gpu,roce"), in the order of KINDS."""
+def parse_families(text: str | None) -> tuple[FamilyKind, ...]:
+    """The kinds named in a --families value ("gpu,roce"), in the order of KINDS; all of
+    them when it is not given (None)."""
+    if text is None:
+        return KINDS
     by_name = {kind.name: kind for kind in KINDS}
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in by_name]
