@@ -15,7 +15,6 @@ import structlog
 
 from agents.dra.claims import Claim, ClaimError
 from agents.dra.driver import ClaimRef, ClaimStore, Driver
-from agents.dra.server import DriverServer
 from agents.plugin.kubelet_facts import PodResources
 from agents.tasks import first
 
@@ -85,11 +84,15 @@ class DraHoldings:
     async def run(self) -> None:
         """Serve the drivers that hold claims for the kubelet's unprepare, and free the
         claims whose pods are gone, until none is held."""
-        servers = [
-            DriverServer(d, self._registry_dir, self._plugins_dir, list, asyncio.Event)
-            for d in self._drivers.values()
-            if d.prepared
-        ]
+        holding = [d for d in self._drivers.values() if d.prepared]
+        servers = []
+        if holding:
+            from agents.dra.server import DriverServer  # DRA's wire: only where claims are held
+
+            servers = [
+                DriverServer(d, self._registry_dir, self._plugins_dir, list, asyncio.Event)
+                for d in holding
+            ]
         try:
             for server in servers:
                 await server.start()
