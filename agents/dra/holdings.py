@@ -8,15 +8,19 @@ too, and is unprepared here. Once none is held, the drivers' sockets go."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from agents.dra.claims import Claim, ClaimError
-from agents.dra.driver import ClaimRef, ClaimStore, Driver
 from agents.plugin.kubelet_facts import PodResources
-from agents.tasks import first
+from agents.tasks import first, off_loop
+
+if TYPE_CHECKING:  # DRA's code is loaded only where DRA left claims or specs behind
+    from agents.dra.claims import Claim
+    from agents.dra.driver import ClaimRef, Driver
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +58,11 @@ class DraHoldings:
     async def load(self, drivers: Sequence[str]) -> None:
         """Take up the drivers' checkpoints (a corrupt one: kept aside, said, empty)."""
         for name in drivers:
+            left = functools.partial(self._left_behind, name)
+            if not await off_loop(left, f"{name}-checkpoint"):
+                continue  # nothing of DRA's here: nothing held, nothing to clean
+            from agents.dra.driver import ClaimStore, Driver
+
             store = ClaimStore(name, self._plugins_dir, self._cdi_root)
             driver = Driver(name, "", store, _refuse, on_change=self._update)
             await driver.restore()
@@ -66,6 +75,14 @@ class DraHoldings:
                 claims=sum(len(d.prepared) for d in self._drivers.values()),
                 effect="not advertised until those claims are unprepared",
             )
+
+    def _left_behind(self, driver: str) -> bool:
+        """Blocking: whether a DRA mode left this driver's checkpoint or a CDI spec here."""
+        from agents.dra.cdi import CdiSpecs
+        from agents.dra.checkpoint import CHECKPOINT
+
+        checkpoint = self._plugins_dir / driver / CHECKPOINT
+        return checkpoint.exists() or bool(CdiSpecs(self._cdi_root).written(driver))
 
     def _update(self) -> None:
         held = frozenset(
@@ -133,4 +150,6 @@ class DraHoldings:
 
 
 async def _refuse(claim: ClaimRef) -> Claim:
+    from agents.dra.claims import ClaimError
+
     raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name}: {REFUSED}")
