@@ -51,6 +51,7 @@ MOCK_TTL_MS = 100  # how often the mock re-reads its overrides file
 SETTLE_S = 1.0  # start-up work ends before the idle window opens
 WITHIN_S = 5.0
 WARMUP = 50
+BLOCK = 50  # Allocate calls to one process before the other's turn
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Measured:
     rss_mb: float | None = None
     idle_pct: float | None = None
     allocate_ms: float | None = None
+    floor_allocate_ms: float | None = None  # the floor's, timed in turn with these calls
     xid_s: list[float] = field(default_factory=list)
     error: str = ""
 
@@ -190,14 +192,27 @@ def _socket(plugin_dir: Path) -> Path:
     return found[0]
 
 
-def _allocate_p50(socket: Path, ids: Sequence[str], n: int) -> float:
+def _allocate_p50(
+    socket: Path, ids: Sequence[str], n: int, floor: tuple[Path, Sequence[str]] | None = None
+) -> tuple[float, float | None]:
+    """Allocate p50 in ms; with the floor's socket and IDs, the floor's too, its calls
+    taken in turn with these in blocks of BLOCK, so that both see the same machine."""
     rng = random.Random(1)
-    with Client(socket) as client:
+    with Client(socket) as client, Client(floor[0] if floor else socket) as other:
+        other_ids = floor[1] if floor else ids
         for _ in range(WARMUP):
             client.allocate([rng.choice(ids)])
-        picked = [rng.choice(ids) for _ in range(n)]
-        calls = [partial(client.allocate, [d]) for d in picked]
-        return percentile([s * 1000 for s in timed_each(calls)], 50)
+            other.allocate([rng.choice(other_ids)])
+        own: list[float] = []
+        theirs: list[float] = []
+        for start in range(0, n, BLOCK):
+            size = min(BLOCK, n - start)
+            calls = [partial(client.allocate, [rng.choice(ids)]) for _ in range(size)]
+            own += [s * 1000 for s in timed_each(calls)]
+            if floor is not None:
+                calls = [partial(other.allocate, [rng.choice(other_ids)]) for _ in range(size)]
+                theirs += [s * 1000 for s in timed_each(calls)]
+        return percentile(own, 50), percentile(theirs, 50) if theirs else None
 
 
 def _spawn(subject: Subject, log: Path) -> subprocess.Popen[bytes]:
@@ -218,7 +233,14 @@ def _nvidia_binary() -> Path | None:
 
 
 async def measure(
-    subject: Subject, plugin_dir: Path, log: Path, *, idle_s: float, calls: int, xids: int
+    subject: Subject,
+    plugin_dir: Path,
+    log: Path,
+    *,
+    idle_s: float,
+    calls: int,
+    xids: int,
+    floor: tuple[Path, Sequence[str]] | None = None,
 ) -> Measured:
     out = Measured()
     kubelet = Kubelet(plugin_dir, seed=1)
@@ -234,7 +256,9 @@ async def measure(
         out.idle_pct = (proc_cpu_seconds(proc.pid) - cpu) / (time.monotonic() - began) * 100
         ids = sorted(_health(kubelet))
         # Blocking calls on the loop's thread: the stand-in waits meanwhile, as it is idle.
-        out.allocate_ms = _allocate_p50(_socket(plugin_dir), ids, calls)
+        out.allocate_ms, out.floor_allocate_ms = _allocate_p50(
+            _socket(plugin_dir), ids, calls, floor
+        )
         out.rss_mb = _rss_mb(proc.pid)
         if subject.xid is not None:
             for i in range(xids):
@@ -264,8 +288,8 @@ def compile_sources() -> None:
 
 
 def subjects(work: Path, plugin_dir: Path) -> list[Subject]:
-    """The floor first, then the agent on each node; NVIDIA's plugin where given."""
-    out = [_noop(plugin_dir, [f"noop-{i}" for i in range(8)]), _sim_agent(work, plugin_dir)]
+    """The agent on each node; NVIDIA's plugin where given."""
+    out = [_sim_agent(work, plugin_dir)]
     lib = mock_dir()
     if lib is not None:
         out += [_mock_agent(work, plugin_dir, lib, p) for p in PROFILES]
@@ -297,20 +321,40 @@ async def floor_run(
     compile_sources()
     results: dict[str, list[Measured]] = {}
     load = [os.getloadavg()[0]]
+    ids = [f"noop-{i}" for i in range(8)]
     for r in range(rounds):
         work = root / f"round-{r}"
         work.mkdir()
-        plugin_dir = Path(tempfile.mkdtemp(prefix="dp-"))  # a socket path fits in 108 bytes
-        for subject in subjects(work, plugin_dir):
-            progress(f"round {r + 1}/{rounds}: {subject.label}")
-            log = work / f"{subject.label.split()[0]}-{len(results.get(subject.label, []))}.log"
-            measured = await measure(
-                subject, plugin_dir, log, idle_s=idle_s, calls=calls, xids=xids
-            )
-            if measured.error:
-                progress(f"  {subject.label}: {measured.error} (log {log})")
-            results.setdefault(subject.label, []).append(measured)
-            load.append(os.getloadavg()[0])
+        floor_dir = Path(tempfile.mkdtemp(prefix="dp-"))  # a socket path fits in 108 bytes
+        plugin_dir = Path(tempfile.mkdtemp(prefix="dp-"))
+        floor = _noop(floor_dir, ids)
+        # The floor is measured first, then kept running for the others' Allocate turns.
+        floor_kubelet = Kubelet(floor_dir, seed=1)
+        await floor_kubelet.start()
+        floor_proc = _spawn(floor, work / "floor-kept.log")
+        try:
+            await floor_kubelet.wait_until(lambda k: _registered(k, len(ids)), 30)
+            reference = (_socket(floor_dir), ids)
+            for subject in [_noop(plugin_dir, ids), *subjects(work, plugin_dir)]:
+                progress(f"round {r + 1}/{rounds}: {subject.label}")
+                log = work / f"{subject.label.split()[0]}-{r}.log"
+                measured = await measure(
+                    subject,
+                    plugin_dir,
+                    log,
+                    idle_s=idle_s,
+                    calls=calls,
+                    xids=xids,
+                    floor=reference,
+                )
+                if measured.error:
+                    progress(f"  {subject.label}: {measured.error} (log {log})")
+                results.setdefault(subject.label, []).append(measured)
+                load.append(os.getloadavg()[0])
+        finally:
+            floor_proc.terminate()
+            floor_proc.wait(10)
+            await floor_kubelet.stop()
     return _figures(results, rounds, idle_s, calls, max(load)), "\n".join(
         [side_by_side(results), *skipped]
     )
@@ -328,6 +372,13 @@ def _medians(runs: Sequence[Measured]) -> dict[str, float | None]:
         "rss_mb": _median([m.rss_mb for m in runs]),
         "idle_pct": _median([m.idle_pct for m in runs]),
         "allocate_ms": _median([m.allocate_ms for m in runs]),
+        "ratio": _median(
+            [
+                m.allocate_ms / m.floor_allocate_ms
+                for m in runs
+                if m.allocate_ms and m.floor_allocate_ms
+            ]
+        ),
         "xid_max_s": max(xids) if xids else None,
         "xid_min_s": min(xids) if xids else None,
     }
@@ -348,6 +399,7 @@ def side_by_side(results: dict[str, list[Measured]]) -> str:
 
     rows = [["figure", *labels]]
     rows.append(["Allocate p50", *(cell(lb, "allocate_ms", "{:.2f} ms") for lb in labels)])
+    rows.append(["Allocate p50 / floor's", *(cell(lb, "ratio", "{:.2f}x") for lb in labels)])
     rows.append(["RSS", *(cell(lb, "rss_mb", "{:.1f} MB") for lb in labels)])
     rows.append(["start -> registered", *(cell(lb, "register_s", "{:.2f} s") for lb in labels)])
     rows.append(["XID 79 -> Unhealthy", *(xid(lb) for lb in labels)])
@@ -392,8 +444,8 @@ def _figures(
             figures.append(Figure(f"start -> registered, {label}", med["register_s"], "s"))
             figures.append(Figure(f"idle CPU, {label}", med["idle_pct"], "%"))
             continue
-        fa, fr, a, r = floor["allocate_ms"], floor["rss_mb"], med["allocate_ms"], med["rss_mb"]
-        ratio = None if fa is None or a is None else round(a / fa, 2)
+        fr, r = floor["rss_mb"], med["rss_mb"]
+        ratio = None if med["ratio"] is None else round(med["ratio"], 2)
         figures.append(_check(f"Allocate p50 / floor, {label}", ratio, "x", ALLOCATE_RATIO, note))
         extra = None if fr is None or r is None else r - fr
         figures.append(_check(f"RSS - floor, {label}", extra, "MB", RSS_EXTRA_MB))
@@ -406,7 +458,9 @@ def _figures(
         figures[0].unit,
         note=(
             f"medians over {rounds} round(s), each process in turn under the kubelet stand-in; "
-            f"{calls} one-GPU Allocate calls from a blocking client; idle CPU utime+stime over "
+            f"{calls} one-GPU Allocate calls from a blocking client, in blocks of {BLOCK} taken "
+            "in turn with as many to the floor (kept running): the ratio is of the two p50s "
+            f"of that window; idle CPU utime+stime over "
             f"{idle_s:g} s; XID: every run, max; highest 1-min load average {load:.2f}; "
             f"idle target: {idle_note}"
         ),
