@@ -30,6 +30,7 @@ _WAIT_SLICE_MS = 200  # bounds how long close() waits, and how late a silent los
 _RETRY_S = 1.0  # after a failed wait, before the next one
 _DRAIN_MAX = 64
 _PENDING_MAX = 1024  # events nobody has asked for yet: the oldest go first
+_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 
 
 class NvmlEvents:
@@ -148,9 +149,10 @@ class NvmlEvents:
         with self._lock, translated("waiting for events"):
             if stop.is_set():
                 return [], False
+            lost = False
             if self.stale or self._event_set is None:
                 self._free()
-                self._create()
+                lost = self._create()
             with self._mutex:
                 deadline = self._waiter[1] if self._waiter is not None else None
             timeout_ms = _WAIT_SLICE_MS
@@ -159,9 +161,9 @@ class NvmlEvents:
                 timeout_ms = max(0, min(timeout_ms, left_ms))
             first = self._wait_one(timeout_ms, stop)
             if first is None:
-                return [], not stop.is_set() and self._touch()
+                return [], lost or (not stop.is_set() and self._touch())
             raw = [first, *self._drain(stop)]
-            return [(self._uuid(data.device), data) for data in raw], False
+            return [(self._uuid(data.device), data) for data in raw], lost
 
     def _hand(
         self,
@@ -216,7 +218,7 @@ class NvmlEvents:
             try:
                 self._lib.nvmlDeviceGetMemoryInfo(handle)
             except pynvml.NVMLError as exc:
-                if code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST and index not in self._told_lost:
+                if code(exc) == _LOST and index not in self._told_lost:
                     self._told_lost.add(index)
                     self.stale = True  # its events: registered again at the next slice
                     news = True
@@ -234,8 +236,10 @@ class NvmlEvents:
             out.append(data)
         return out
 
-    def _create(self) -> None:
+    def _create(self) -> bool:
+        """A fresh set with every GPU that answers; whether one was found newly lost."""
         lib = self._lib
+        news = False
         self._event_set = lib.nvmlEventSetCreate()
         self.stale = False
         touchable: list[tuple[int, Any]] = []
@@ -247,6 +251,10 @@ class NvmlEvents:
                 lib.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
             except ODD_ANSWERS as exc:
                 # a lost GPU is registered again once status() sees it answer
+                lost = isinstance(exc, pynvml.NVMLError) and code(exc) == _LOST
+                if lost and index not in self._told_lost:
+                    self._told_lost.add(index)
+                    news = True
                 if index not in self._unregistered:
                     self._unregistered.add(index)
                     log.warning("nvml_events_unavailable", index=index, error=str(exc))
@@ -256,6 +264,7 @@ class NvmlEvents:
             self._known.add(uuid)
             touchable.append((index, handle))
         self._touchable = tuple(touchable)
+        return news
 
     def _free(self) -> None:
         if self._event_set is None:
