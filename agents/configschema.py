@@ -5,13 +5,15 @@ Every failure is a `SchemaError` carrying the key path and what was expected the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator
-from typing import Literal, TypeVar
-
-import yaml
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from agents.core.fabric import is_label_value
+
+if TYPE_CHECKING:
+    import yaml
 
 T = TypeVar("T")
 S = TypeVar("S", bound=str)
@@ -205,27 +207,39 @@ def label_value(value: object) -> str:
     raise bad("a label value: at most 63 of A-Z a-z 0-9 . _ -, alphanumeric at both ends", value)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """The safe loader, refusing duplicated mapping keys instead of keeping the last."""
+@functools.cache
+def _strict_loader() -> type[yaml.SafeLoader]:
+    """The safe loader, refusing duplicated mapping keys instead of keeping the last.
+    Made at the first YAML read: an agent given no file never loads the YAML library."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str | int | float | bool) or key is None:
-                if key in seen:
-                    line = key_node.start_mark.line + 1
-                    raise SchemaError(f"a key given once, got {shown(key)} again", f"line {line}")
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(
+            self, node: yaml.MappingNode, deep: bool = False
+        ) -> dict[object, object]:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if isinstance(key, str | int | float | bool) or key is None:
+                    if key in seen:
+                        line = key_node.start_mark.line + 1
+                        raise SchemaError(
+                            f"a key given once, got {shown(key)} again", f"line {line}"
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def load_yaml(text_: str) -> object:
     """The single YAML document in `text_`; syntax errors become SchemaError at `line N`."""
+    import yaml
+
     try:
-        return yaml.load(text_, Loader=_StrictLoader)  # a SafeLoader subclass
+        return yaml.load(text_, Loader=_strict_loader())  # a SafeLoader subclass
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agents.errors import AgentError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -44,6 +42,8 @@ def in_cluster(env: Mapping[str, str], account: Path = SERVICE_ACCOUNT) -> Acces
 
 def from_kubeconfig(path: Path) -> Access:
     """The current context of a kubeconfig file. Raises AgentError naming what is wrong."""
+    import yaml  # only where a kubeconfig is read
+
     try:
         doc = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:

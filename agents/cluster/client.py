@@ -10,8 +10,6 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
-import httpx
-
 from agents.cluster.access import Access
 from agents.errors import AgentError
 
@@ -74,6 +72,8 @@ class ApiClient:
     def __init__(self, access: Access, timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         if access.server.startswith("https://") and access.tls is None:
             raise AgentError(f"{access.server}: https needs a TLS context")
+        import httpx  # here, not at the top: a mode without the API server never loads it
+
         self.access = access
         self._timeout_s = timeout_s
         self._http = httpx.AsyncClient(
@@ -105,6 +105,8 @@ class ApiClient:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """One call; the answer's JSON object. Raises ApiError or UnreachableError."""
+        import httpx
+
         headers = await self._headers()
         payload = None if body is None else json.dumps(body).encode()
         if payload is not None:
@@ -141,6 +143,8 @@ class ApiClient:
         parameters (`fieldSelector`: the query of `path`, if any, is not kept). An ERROR line is
         raised: GoneError for 410 (list again), ApiError otherwise; UnreachableError for
         a connection lost. Close it (`contextlib.aclosing`) when leaving early."""
+        import httpx
+
         params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s)}
         params.update(query or {})
         if resource_version:

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agents.atomic_file import write_atomically
 from agents.core.device import DeviceSpec
 
@@ -105,6 +103,8 @@ class CdiSpecs:
     ) -> dict[str, tuple[str, ...]]:
         """Write (or rewrite) the claim's spec atomically; returns `cdi_ids` of it."""
         document = spec_document(driver, claim_uid, devices, env)
+        import yaml  # DRA mode only
+
         text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
         write_atomically(self.path(driver, claim_uid), text.encode(), SPEC_MODE)
         return cdi_ids(driver, claim_uid, devices, env)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agents.cluster.client import ApiClient, ApiError, UnreachableError
 from agents.errors import AgentError
+
+if TYPE_CHECKING:
+    from agents.cluster.client import ApiClient
 
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 NOT_FOUND = 404
@@ -64,6 +66,8 @@ async def get_claim(
     client: ApiClient, namespace: str, name: str, uid: str, deadline_s: float
 ) -> Claim:
     """The claim `namespace/name` with UID `uid`, allocated; ClaimError otherwise."""
+    from agents.cluster.client import ApiError, UnreachableError  # DRA mode only
+
     what = f"ResourceClaim {namespace}/{name} (uid {uid})"
     path = CLAIMS_PATH.format(namespace=namespace, name=name)
     try:

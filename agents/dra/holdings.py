@@ -8,18 +8,21 @@ too, and is unprepared here. Once none is held, the drivers' sockets go."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from agents.dra.claims import Claim, ClaimError
-from agents.dra.driver import ClaimRef, ClaimStore, Driver
-from agents.dra.server import DriverServer
 from agents.kernel.kubelet_facts import PodResources
 from agents.kernel.offer import Offer
 from agents.kernel.versioned import Versioned
-from agents.tasks import first
+from agents.tasks import first, off_loop
+
+if TYPE_CHECKING:  # DRA's code is loaded only where DRA left claims or specs behind
+    from agents.dra.claims import Claim
+    from agents.dra.driver import ClaimRef, Driver
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +66,11 @@ class DraHoldings:
     async def restore(self, drivers: Sequence[str]) -> None:
         """Take up the drivers' checkpoints (a corrupt one: kept aside, said, empty)."""
         for name in drivers:
+            left = functools.partial(self._left_behind, name)
+            if not await off_loop(left, f"{name}-checkpoint"):
+                continue  # nothing of DRA's here: nothing held, nothing to clean
+            from agents.dra.driver import ClaimStore, Driver
+
             store = ClaimStore(name, self._plugins_dir, self._cdi_root)
             driver = Driver(name, "", store, _refuse, on_change=self._update)
             await driver.restore()
@@ -75,6 +83,14 @@ class DraHoldings:
                 claims=sum(len(d.prepared) for d in self._drivers.values()),
                 effect="not advertised until those claims are unprepared",
             )
+
+    def _left_behind(self, driver: str) -> bool:
+        """Blocking: whether a DRA mode left this driver's checkpoint or a CDI spec here."""
+        from agents.dra.cdi import CdiSpecs
+        from agents.dra.checkpoint import CHECKPOINT
+
+        checkpoint = self._plugins_dir / driver / CHECKPOINT
+        return checkpoint.exists() or bool(CdiSpecs(self._cdi_root).written(driver))
 
     def _update(self) -> None:
         held = frozenset(
@@ -91,11 +107,15 @@ class DraHoldings:
     async def run(self) -> None:
         """Serve the drivers that hold claims for the kubelet's unprepare, and free the
         claims whose pods are gone, until none is held."""
-        servers = [
-            DriverServer(d, self._registry_dir, self._plugins_dir, list, Versioned())
-            for d in self._drivers.values()
-            if d.prepared
-        ]
+        holding = [d for d in self._drivers.values() if d.prepared]
+        servers = []
+        if holding:
+            from agents.dra.server import DriverServer  # DRA's wire: only where claims are held
+
+            servers = [
+                DriverServer(d, self._registry_dir, self._plugins_dir, list, Versioned())
+                for d in holding
+            ]
         try:
             for server in servers:
                 await server.start()
@@ -136,4 +156,6 @@ class DraHoldings:
 
 
 async def _refuse(claim: ClaimRef) -> Claim:
+    from agents.dra.claims import ClaimError
+
     raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name}: {REFUSED}")

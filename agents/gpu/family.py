@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it moves on
+EARLY_S = 0.05  # an event wait that ends this much before its timeout was woken: news
 EVENT_WAIT_SLACK_S = 1.0  # an event wait this much past its timeout is logged as slow
 SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
 
@@ -232,7 +233,7 @@ class GpuFamily:
             now = self._clock()
             for event in events:
                 self._xid(event, now)
-            if events or now - began < self._probe_s / 2:
+            if events or now - began < self._probe_s - EARLY_S:  # woken before its time
                 self._publish(now)
                 self._kick.set()  # something changed: probe now rather than at the tick
 

@@ -1,5 +1,7 @@
 """NVML's event set for every GPU, waited on by one long-lived daemon thread that hands
-what arrives to the event loop: an idle agent waits for XIDs without starting threads."""
+what arrives to the event loop: an idle agent waits for XIDs without starting threads.
+Between two waits the thread touches each GPU, so that a GPU that falls off the bus wakes
+the waiter at once also where NVML tells of it only at the next call about it."""
 
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ WANTED_EVENTS = (
     | pynvml.nvmlEventTypeDoubleBitEccError
     | pynvml.nvmlEventTypeSingleBitEccError
 )
-_WAIT_SLICE_MS = 250  # bounds how long close() waits for the wait in hand
+_WAIT_SLICE_MS = 200  # bounds how long close() waits, and how late a silent loss is seen
 _RETRY_S = 1.0  # after a failed wait, before the next one
 _DRAIN_MAX = 64
 _PENDING_MAX = 1024  # events nobody has asked for yet: the oldest go first
+_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 
 
 class NvmlEvents:
@@ -35,7 +38,16 @@ class NvmlEvents:
 
     The thread waits in slices, holding `_lock` for one slice at a time, so that close()
     can free the set between two slices; a slice that hangs in the driver holds up no
-    coroutine, only close(), and that for a bounded time."""
+    coroutine, only close(), and that for a bounded time.
+
+    A slice that brings no event ends with nvmlDeviceGetMemoryInfo on each GPU registered
+    (the status probe's call; NVIDIA's mock NVML trips an injected fault only at such a
+    call): a GPU that answers GPU_IS_LOST wakes the waiter with no event, once. The event
+    loop is woken only for a loss. The touch is made by this thread, not one of its own:
+    over a library that runs its own runtime (the mock's Go), calls from a second thread
+    cost several times more CPU. So a touch hung in the driver holds up the events of the
+    other GPUs until it returns, as a hung wait does; the status probe, on threads it can
+    abandon, still judges every GPU."""
 
     def __init__(self, lib: Any, known: set[str]) -> None:
         self._lib = lib
@@ -48,6 +60,9 @@ class NvmlEvents:
         self._mutex = threading.Lock()  # what the thread hands over, and who waits for it
         self._pending: deque[tuple[str | None, Any]] = deque(maxlen=_PENDING_MAX)
         self._error: BackendError | None = None
+        self._lost_news = False  # a touch found a GPU lost: the waiter is to look now
+        self._touchable: tuple[tuple[int, Any], ...] = ()  # (index, handle) registered
+        self._told_lost: set[int] = set()  # GPU indices a touch found lost, told once
         self._waiter: tuple[asyncio.Future[None], float] | None = None  # and its deadline
         self._stop: threading.Event | None = None  # the running thread's; None: none runs
         self._calling_since: float | None = None  # when the thread's NVML wait began
@@ -63,7 +78,8 @@ class NvmlEvents:
             ).start()
         waiter = asyncio.get_running_loop().create_future()
         with self._mutex:
-            news = bool(self._pending) or self._error is not None
+            news = bool(self._pending) or self._error is not None or self._lost_news
+            self._lost_news = False
             if not news:
                 self._waiter = (waiter, time.monotonic() + max(timeout_s, 0.0))
         if not news:
@@ -117,7 +133,7 @@ class NvmlEvents:
         """The thread: slice after slice until close(); each outcome to the waiter."""
         while not stop.is_set():
             try:
-                raw = self._slice(stop)
+                raw, lost = self._slice(stop)
             except Exception as exc:  # told to the waiter; the thread must go on
                 error = (
                     exc if isinstance(exc, BackendError) else BackendError(f"NVML events: {exc!r}")
@@ -125,16 +141,18 @@ class NvmlEvents:
                 self._hand([], error)
                 stop.wait(_RETRY_S)
                 continue
-            self._hand(raw, None)
+            self._hand(raw, None, lost=lost)
         self._hand([], None, wake=True)  # closed: nobody waits on a thread that has ended
 
-    def _slice(self, stop: threading.Event) -> list[tuple[str | None, Any]]:
+    def _slice(self, stop: threading.Event) -> tuple[list[tuple[str | None, Any]], bool]:
+        """The events of one slice; without any, whether a touch found a GPU lost."""
         with self._lock, translated("waiting for events"):
             if stop.is_set():
-                return []
+                return [], False
+            lost = False
             if self.stale or self._event_set is None:
                 self._free()
-                self._create()
+                lost = self._create()
             with self._mutex:
                 deadline = self._waiter[1] if self._waiter is not None else None
             timeout_ms = _WAIT_SLICE_MS
@@ -142,11 +160,17 @@ class NvmlEvents:
                 left_ms = math.ceil((deadline - time.monotonic()) * 1000)
                 timeout_ms = max(0, min(timeout_ms, left_ms))
             first = self._wait_one(timeout_ms, stop)
-            raw = [] if first is None else [first, *self._drain(stop)]
-            return [(self._uuid(data.device), data) for data in raw]
+            if first is None:
+                return [], lost or (not stop.is_set() and self._touch())
+            raw = [first, *self._drain(stop)]
+            return [(self._uuid(data.device), data) for data in raw], lost
 
     def _hand(
-        self, raw: list[tuple[str | None, Any]], error: BackendError | None, wake: bool = False
+        self,
+        raw: list[tuple[str | None, Any]],
+        error: BackendError | None,
+        wake: bool = False,
+        lost: bool = False,
     ) -> None:
         """Keep what the slice brought; wake the waiter when there is news or its time is up."""
         with self._mutex:
@@ -155,8 +179,10 @@ class NvmlEvents:
                 self._error = error
             waiter = self._waiter
             due = waiter is not None and (
-                wake or raw or error is not None or time.monotonic() >= waiter[1]
+                wake or raw or error is not None or lost or time.monotonic() >= waiter[1]
             )
+            if lost and not due:
+                self._lost_news = True  # for the next wait
             if due:
                 # Woken once: until the loop takes it, slices must not follow its deadline
                 # (a deadline passed would make them zero-length, a spin).
@@ -183,16 +209,40 @@ class NvmlEvents:
         finally:
             self._calling_since = None
 
+    def _touch(self) -> bool:
+        """Whether a GPU registered answers GPU_IS_LOST now where it did not before: a
+        loss is told once, and again only after the GPU has answered in between."""
+        news = False
+        for index, handle in self._touchable:
+            self._calling_since = time.monotonic()
+            try:
+                self._lib.nvmlDeviceGetMemoryInfo(handle)
+            except pynvml.NVMLError as exc:
+                if code(exc) == _LOST and index not in self._told_lost:
+                    self._told_lost.add(index)
+                    self.stale = True  # its events: registered again at the next slice
+                    news = True
+                continue
+            except ODD_ANSWERS:
+                continue  # an odd answer is the status probe's to judge
+            finally:
+                self._calling_since = None
+            self._told_lost.discard(index)
+        return news
+
     def _drain(self, stop: threading.Event) -> list[Any]:
         out: list[Any] = []
         while len(out) < _DRAIN_MAX and (data := self._wait_one(0, stop)) is not None:
             out.append(data)
         return out
 
-    def _create(self) -> None:
+    def _create(self) -> bool:
+        """A fresh set with every GPU that answers; whether one was found newly lost."""
         lib = self._lib
+        news = False
         self._event_set = lib.nvmlEventSetCreate()
         self.stale = False
+        touchable: list[tuple[int, Any]] = []
         for index in range(int(lib.nvmlDeviceGetCount())):
             try:
                 handle = lib.nvmlDeviceGetHandleByIndex(index)
@@ -201,6 +251,10 @@ class NvmlEvents:
                 lib.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
             except ODD_ANSWERS as exc:
                 # a lost GPU is registered again once status() sees it answer
+                lost = isinstance(exc, pynvml.NVMLError) and code(exc) == _LOST
+                if lost and index not in self._told_lost:
+                    self._told_lost.add(index)
+                    news = True
                 if index not in self._unregistered:
                     self._unregistered.add(index)
                     log.warning("nvml_events_unavailable", index=index, error=str(exc))
@@ -208,12 +262,16 @@ class NvmlEvents:
             self._unregistered.discard(index)
             self._uuids[handle_key(handle)] = uuid
             self._known.add(uuid)
+            touchable.append((index, handle))
+        self._touchable = tuple(touchable)
+        return news
 
     def _free(self) -> None:
         if self._event_set is None:
             return
         event_set, self._event_set = self._event_set, None
         self._uuids.clear()
+        self._touchable = ()
         try:
             self._lib.nvmlEventSetFree(event_set)
         except ODD_ANSWERS as exc:

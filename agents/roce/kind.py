@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -10,7 +11,9 @@ from agents.backends import Backends
 from agents.config import Config, Roce
 from agents.core.ledger import NIC
 from agents.family import Context
-from agents.roce.family import NicsFound, RoceFamily, discover_nics
+
+if TYPE_CHECKING:  # the family itself is loaded only where it runs (not under --families gpu)
+    from agents.roce.family import NicsFound, RoceFamily
 
 log = structlog.get_logger(__name__)
 
@@ -21,6 +24,8 @@ class RoceKind:
     pairs_as: str | None = NIC
 
     def discover(self, config: Config, backends: Backends, source: str) -> NicsFound:
+        from agents.roce.family import discover_nics
+
         return discover_nics(backends.sysfs, config)
 
     def named_devices(self, config: Config) -> Config:
@@ -33,6 +38,8 @@ class RoceKind:
         return dataclasses.replace(config, roce=roce)
 
     def build(self, found: NicsFound, config: Config, context: Context) -> RoceFamily:
+        from agents.roce.family import RoceFamily
+
         b = context.backends
         return RoceFamily(
             b.sysfs,

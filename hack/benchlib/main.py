@@ -22,6 +22,7 @@ from hack.benchlib import (
     dra,
     fabric,
     faults,
+    floor,
     idle_nvml,
     latency,
     lifecycle,
@@ -134,20 +135,41 @@ def run(
     return figures
 
 
+def floor_figures(
+    quick: bool, progress: Callable[[str], None], idle_s: float | None, rounds: int | None
+) -> tuple[list[Figure], str]:
+    with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
+        return asyncio.run(
+            floor.floor_run(
+                Path(tmp),
+                rounds=rounds or (1 if quick else 3),
+                idle_s=idle_s if idle_s is not None else 10.0 if quick else 30.0,
+                calls=300 if quick else 2000,
+                xids=5,
+                progress=progress,
+            )
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/bench", description=__doc__)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric"],
+        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
         "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
         "dra: `--api dra` on the bundled node: start -> slices, prepare/unprepare, "
         "XID -> out of the slice, RSS and API requests at rest; "
         "fabric: an LLDP frame on a veth -> the leaf group in the feature file, and 1,000 "
-        "malformed frames)",
+        "malformed frames; floor: the agent beside a no-op grpc.aio device plugin, and "
+        "beside NVIDIA's plugin, on the simulated node and, with MOCK_NVML_DIR, on NVIDIA's "
+        "mock NVML; NVIDIA_DEVICE_PLUGIN names NVIDIA's binary)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, help="--only floor: rounds of every process (default 3, 1 quick)"
     )
     parser.add_argument(
         "--idle-s",
@@ -161,11 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     def progress(step: str) -> None:
         print(f"bench: {step} ...", file=sys.stderr, flush=True)
 
-    figures = run(args.quick, progress, args.only, args.idle_s)
+    side = ""
+    if args.only == "floor":
+        figures, side = floor_figures(args.quick, progress, args.idle_s, args.rounds)
+    else:
+        figures = run(args.quick, progress, args.only, args.idle_s)
     info = machine()
     if args.json:
         print(as_json(figures, info))
     else:
+        if side:
+            print(side + "\n")
         print(table(figures))
         print(
             f"\n{info['cpus']} CPUs, {info['cpu']}, Python {info['python']}, "
