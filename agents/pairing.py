@@ -8,7 +8,7 @@ its devices are once they are discovered, and again when they change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -143,12 +143,15 @@ class PairingSide:
         costs: PairCosts | None = None,
         *,
         expired: Expired = never,
+        degraded: Collection[str] = frozenset(),
     ) -> list[str] | None:
         if not self.pairing.active:
             return None
         self.pairing.sync()
         ledger = self.pairing.ledger
-        return ledger.prefer(self.kind, available, must_include, size, costs, expired=expired)
+        return ledger.prefer(
+            self.kind, available, must_include, size, costs, expired=expired, degraded=degraded
+        )
 
     def allocated(self, ids: Sequence[str]) -> None:
         if self.pairing.active:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agents.core.degraded import PROBE_INTERVAL_S as SIGNAL_PROBE_S
 from agents.core.xid import HOLD_S
 
 PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen within this
@@ -21,6 +22,7 @@ class Timing:
     gpu_probe_s: float = PROBE_INTERVAL_S  # NVML is asked about every GPU this often
     nic_flap_hold_s: float = FLAP_HOLD_S
     nic_port_poll_s: float = PORT_POLL_S
+    signal_probe_s: float = SIGNAL_PROBE_S  # degraded-device signals read this often
 
 
 PRODUCTION = Timing()

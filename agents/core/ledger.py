@@ -17,13 +17,14 @@ pod-resources listing, the calls themselves); reading them is the caller's busin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from agents.core import pairing
 from agents.core.budget import Expired, never
 from agents.core.checkpoint import Checkpoint
+from agents.core.healthy_first import healthy_first
 from agents.core.pairing import PairView, Partners
 from agents.core.subsets import PairCosts
 from agents.core.topology import PciLocation
@@ -50,7 +51,11 @@ class PairingSide(Protocol):
         costs: PairCosts | None = None,
         *,
         expired: Expired = never,
-    ) -> list[str] | None: ...
+        degraded: Collection[str] = frozenset(),
+    ) -> list[str] | None:
+        """`degraded`: devices of `available` to choose only where the Healthy ones are
+        too few."""
+        ...
 
     def allocated(self, ids: Sequence[str]) -> None: ...
 
@@ -190,8 +195,10 @@ class Ledger:
         costs: PairCosts | None,
         *,
         expired: Expired = never,
+        degraded: Collection[str] = frozenset(),
     ) -> list[str]:
-        """Once `expired`, the choice searches stop at the best found so far."""
+        """Once `expired`, the choice searches stop at the best found so far. Devices
+        in `degraded` are chosen only where the Healthy ones are too few."""
         self._settle()
         other = OTHER[kind]
         offered = frozenset(available) - frozenset(must_include)
@@ -206,8 +213,12 @@ class Ledger:
             this_free=offered,
         )
 
+        # What the kubelet offers says which holders ended (above); the choice itself
+        # takes Degraded devices last.
+        narrowed, must = healthy_first(available, must_include, size, degraded)
+
         def choose(v: PairView) -> list[str]:
-            return pairing.prefer(available, must_include, size, v, costs, expired=expired)
+            return pairing.prefer(narrowed, must, size, v, costs, expired=expired)
 
         answer = choose(view)
         if container_other or self._listing is not None:

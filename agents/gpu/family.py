@@ -21,7 +21,8 @@ from agents.gpu import dra
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
-from agents.hw.nvml import GpuStatus, Nvml, XidEvent
+from agents.gpu.signals import GpuSignalWatch
+from agents.hw.nvml import GpuProbe, GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
@@ -63,7 +64,7 @@ class GpuFamily:
         self._resources, self._located = self._build(found, pairing)
         # Every GPU starts Healthy; the first probe, as run() begins, says otherwise.
         self._healthy: dict[str, bool] = {g.uuid: True for g in self.gpus}
-        self._pushed: dict[str, bool] | None = None  # what the resources were last given
+        self._pushed: dict[str, Grade] | None = None  # what the resources were last given
         self._causes: dict[str, Cause | None] = {}
         self._told: dict[str, Cause | None] | None = None  # the causes last published
         self._gone: set[str] = set()  # taken off the node: not advertised while away
@@ -75,6 +76,14 @@ class GpuFamily:
         )
         self._probe_s = timing.gpu_probe_s
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
+        self._signal_s = timing.signal_probe_s
+        self._signals = GpuSignalWatch(
+            nvml.probe if isinstance(nvml, GpuProbe) else None,
+            [g.uuid for g in self.gpus],
+            config.health.degraded.limits,
+            clock,
+        )
+        self._lost: set[str] = set()  # lost at the last probe: judged afresh when back
         self._kick = asyncio.Event()  # probe now: the event wait returned early
 
     def _build(
@@ -112,6 +121,7 @@ class GpuFamily:
                 nvlinks=nvlinks,
                 pcie=pcie,
                 pairing=pairing if plan is paired else None,
+                degraded_unhealthy=self._config.health.degraded.report == "unhealthy",
             )
             for plan in found.plans
         ]
@@ -179,6 +189,8 @@ class GpuFamily:
         self._health.take_over(earlier._health)
         self._gone = set(earlier._gone)
         self._told = earlier._told
+        self._lost = set(earlier._lost)
+        self._signals.take_over(earlier._signals, self._config.health.degraded.limits)
         self._publish(self._clock())
 
     async def run(self) -> None:
@@ -190,12 +202,15 @@ class GpuFamily:
                 async with asyncio.TaskGroup() as loops:
                     loops.create_task(self._probe())
                     loops.create_task(self._events())
+                    if self._signals.active:
+                        loops.create_task(self._read_signals())
         finally:
             await self.close()
 
     async def close(self) -> None:
         """Give back the NVML initialisation of the discovery; safe to call twice."""
         self._probe_nvml.close()
+        self._signals.close()
         if not self._held:
             return
         self._held = False
@@ -214,11 +229,21 @@ class GpuFamily:
                     self._xid(XidEvent(uuid, code), now)
                 self._health.answered(uuid, now, _failing(status))
                 self._note_gone(uuid, status.gone)
+                self._note_lost(uuid, status.lost)
             self._publish(now)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._probe_s):  # a timer, not a task
                     await self._kick.wait()
             self._kick.clear()
+
+    async def _read_signals(self) -> None:
+        """Read every present GPU's degraded-device signals once a signal period."""
+        while True:
+            began = self._clock()
+            present = [g.uuid for g in self.gpus if g.uuid not in self._gone]
+            await self._signals.read(present, self._signal_s)
+            self._publish(self._clock())
+            await asyncio.sleep(max(0.0, self._signal_s - (self._clock() - began)))
 
     async def _events(self) -> None:
         """XID events as NVML delivers them."""
@@ -257,6 +282,13 @@ class GpuFamily:
             log.info("gpu_back", gpu=uuid)
             self._gone.discard(uuid)
 
+    def _note_lost(self, uuid: str, lost: bool) -> None:
+        if lost:
+            self._lost.add(uuid)
+        elif uuid in self._lost:
+            self._lost.discard(uuid)
+            self._signals.reset(uuid)
+
     def _xid(self, event: XidEvent, now: float) -> None:
         if all(g.uuid != event.uuid for g in self.gpus):
             return  # not a GPU this agent serves
@@ -273,21 +305,22 @@ class GpuFamily:
         This runs on every probe tick: a push rebuilds the device list of every resource
         (GPUs x replicas), which an idle node never needs.
         """
-        healthy: dict[str, bool] = {}
+        grades: dict[str, Grade] = {}
         for gpu in self.gpus:
             if gpu.uuid in self._gone:
                 continue
-            cause = self._health.cause(gpu.uuid, now)
-            healthy[gpu.uuid] = cause is None or cause.grade is not Grade.UNHEALTHY
+            # Unhealthy for an XID, lost, ...: that wins over any signal.
+            cause = self._health.cause(gpu.uuid, now) or self._signals.cause(gpu.uuid)
+            grades[gpu.uuid] = Grade.HEALTHY if cause is None else cause.grade
             self._causes[gpu.uuid] = cause
-        self._healthy = healthy
-        if healthy == self._pushed and self._causes == self._told:
+        self._healthy = {u: g is not Grade.UNHEALTHY for u, g in grades.items()}
+        if grades == self._pushed and self._causes == self._told:
             return
         self._told = dict(self._causes)
-        if healthy != self._pushed:
-            self._pushed = dict(healthy)
+        if grades != self._pushed:
+            self._pushed = dict(grades)
             for resource in self._resources:
-                resource.set_health(healthy)
+                resource.set_health(grades)
         else:  # only a cause changed (lost, then holding): DRA shows it, the kubelet cannot
             for resource in self._resources:
                 resource.inventory.touch()

@@ -11,6 +11,8 @@ from itertools import islice
 from agents.config import Flags
 from agents.core import budget, gpu_choice
 from agents.core.device import ContainerAllocation, Device
+from agents.core.health import Grade
+from agents.core.healthy_first import graded, healthy_first
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.core.topology import Distance
@@ -49,8 +51,10 @@ class GpuResource:
         pcie: Callable[[str, str], Distance],
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
+        degraded_unhealthy: bool = False,
     ) -> None:
         self._name = plan.name
+        self._degraded_unhealthy = degraded_unhealthy  # health.degraded.report: unhealthy
         self._clock = clock
         self.plan = plan
         self._units = {u.id: u for u in plan.units}
@@ -87,13 +91,15 @@ class GpuResource:
     def unit(self, device_id: str) -> Unit:
         return self._units[device_id]
 
-    def set_health(self, healthy_gpus: Mapping[str, bool]) -> bool:
-        """Apply each physical GPU's health to its units; units of GPUs missing from the
-        map are no longer advertised. True if anything changed."""
+    def set_health(self, grades: Mapping[str, Grade]) -> bool:
+        """Apply each physical GPU's grade to its units (a MIG instance or a replica is
+        as its GPU); units of GPUs missing from the map are no longer advertised. True if
+        anything changed."""
+        unhealthy = self._degraded_unhealthy
         return self._inventory.replace(
-            Device(u.id, healthy_gpus[u.gpu_uuid], u.numa)
+            graded(u.id, grades[u.gpu_uuid], u.numa, degraded_unhealthy=unhealthy)
             for u in self._units.values()
-            if u.gpu_uuid in healthy_gpus
+            if u.gpu_uuid in grades
         )
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
@@ -136,17 +142,29 @@ class GpuResource:
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
+        """The best `size` devices; Degraded ones only where Healthy ones are too few."""
+        degraded = self.degraded(available)
+        if self.pairing is not None and self.whole_gpus and not self.plan.replicated:
+            expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
+            costs = self._costs()
+            paired = self.pairing.prefer(
+                available, must_include, size, costs, expired=expired, degraded=degraded
+            )
+            if paired is not None:
+                return paired
+        available, must_include = healthy_first(available, must_include, size, degraded)
         if self.plan.replicated:
             return self._spread(available, must_include, size)
         if not self.whole_gpus:
             return self._pack_mig(available, must_include, size)
         expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
         costs = self._costs()
-        if self.pairing is not None:
-            paired = self.pairing.prefer(available, must_include, size, costs, expired=expired)
-            if paired is not None:
-                return paired
         return gpu_choice.choose(available, must_include, size, costs, expired=expired)
+
+    def degraded(self, ids: Sequence[str]) -> frozenset[str]:
+        """Which of `ids` are Degraded."""
+        found = (self._inventory.get(i) for i in ids)
+        return frozenset(d.id for d in found if d is not None and d.degraded)
 
     def _costs(self) -> PairCosts:
         """NVLinks, then PCIe distance, as one cost per pair of units (lower is better);

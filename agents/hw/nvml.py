@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from agents.core.gpu_signals import GpuReading
 
@@ -167,6 +167,7 @@ class Nvml(Protocol):
         ...
 
 
+@runtime_checkable
 class GpuProbe(Protocol):
     """The degraded-device signals of a GPU (docs/degraded.md), as NVML answers them.
     Both backends implement it beside Nvml."""

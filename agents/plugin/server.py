@@ -6,6 +6,7 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -170,12 +171,16 @@ class DevicePluginServer:
             self._streams -= 1
 
     def visible(self, inventory: Inventory) -> tuple[Device, ...]:
-        """The devices to list: all but those held through the other API."""
+        """The devices to list, as the kubelet sees them: all but those held through the
+        other API, and Degraded only where that is Unhealthy (a list that differs in no
+        more is no news to the kubelet)."""
         withheld = self.withheld
-        if withheld is None:
-            return inventory.devices
         name = self.resource.name
-        return tuple(d for d in inventory.devices if not withheld.holds(name, d.id))
+        return tuple(
+            replace(d, degraded=False) if d.degraded else d
+            for d in inventory.devices
+            if withheld is None or not withheld.holds(name, d.id)
+        )
 
     def check_not_withheld(self, ids: Sequence[str]) -> None:
         withheld = self.withheld

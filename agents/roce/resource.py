@@ -6,7 +6,9 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from agents.core import budget
-from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.device import ContainerAllocation, DeviceSpec
+from agents.core.health import Grade
+from agents.core.healthy_first import graded, healthy_first
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.kernel.catalogue import Inventory, listed
@@ -27,8 +29,10 @@ class RoceResource:
         dev_root: str = "",
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
+        degraded_unhealthy: bool = False,
     ) -> None:
         self._name = name
+        self._degraded_unhealthy = degraded_unhealthy  # health.degraded.report: unhealthy
         self._clock = clock
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
@@ -51,12 +55,20 @@ class RoceResource:
     def inventory(self) -> Inventory:
         return self._inventory
 
-    def set_nics(self, nics: Sequence[Nic], healthy: Mapping[str, bool]) -> bool:
-        """Advertise exactly these NICs with this health; True if the list changed."""
+    def set_nics(self, nics: Sequence[Nic], health: Mapping[str, bool | Grade]) -> bool:
+        """Advertise exactly these NICs with this health (by PCI address: a grade, or a
+        bool for Healthy or Unhealthy; a NIC left out is Unhealthy); True if the list
+        changed."""
         self.nics = {n.pci: n for n in nics}
+        unhealthy = self._degraded_unhealthy
         return self._inventory.replace(
-            Device(n.pci, healthy.get(n.pci, False), n.numa) for n in nics
+            graded(n.pci, _grade(health.get(n.pci, False)), n.numa, degraded_unhealthy=unhealthy)
+            for n in nics
         )
+
+    def set_health(self, health: Mapping[str, Grade]) -> bool:
+        """The same NICs at these grades (by PCI address); True if the list changed."""
+        return self.set_nics(list(self.nics.values()), health)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
         if self.pairing is not None:
@@ -83,12 +95,18 @@ class RoceResource:
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
+        """The best `size` NICs; Degraded ones only where Healthy ones are too few."""
+        found = (self._inventory.get(i) for i in available)
+        degraded = frozenset(d.id for d in found if d is not None and d.degraded)
         if self.pairing is not None:
             expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
             costs = self._costs()
-            paired = self.pairing.prefer(available, must_include, size, costs, expired=expired)
+            paired = self.pairing.prefer(
+                available, must_include, size, costs, expired=expired, degraded=degraded
+            )
             if paired is not None:
                 return paired
+        available, must_include = healthy_first(available, must_include, size, degraded)
         # Without a GPU partner: stay on the NUMA node of what is already chosen.
         numas = {self.nics[i].numa for i in must_include}
         rest = sorted(
@@ -104,3 +122,9 @@ class RoceResource:
             numa = {pci: nic.numa for pci, nic in self.nics.items()}
             self._pair_costs = PairCosts.of(list(numa), lambda a, b: int(numa[a] != numa[b]))
         return self._pair_costs
+
+
+def _grade(health: bool | Grade) -> Grade:
+    if isinstance(health, Grade):
+        return health
+    return Grade.HEALTHY if health else Grade.UNHEALTHY
