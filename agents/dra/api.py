@@ -51,7 +51,14 @@ class DraApi:
             "--dra-device-taints",
             action="store_true",
             help="DRA: keep an Unhealthy device in its slice with a NoSchedule taint instead "
-            "of leaving it out (API server and scheduler need DRADeviceTaints)",
+            "of leaving it out, and taint a Degraded one (API server and scheduler need "
+            "DRADeviceTaints)",
+        )
+        run.add_argument(
+            "--dra-evict-unhealthy",
+            action="store_true",
+            help="DRA, with --dra-device-taints: an Unhealthy device's taint is NoExecute, so "
+            "that the pods using it are evicted and placed again",
         )
 
     async def serve(self, opts: argparse.Namespace, env: Mapping[str, str]) -> Serve:
@@ -66,6 +73,7 @@ class DraApi:
                 registry_dir=opts.kubelet_registry_dir,
                 cdi_root=opts.cdi_root,
                 device_taints=opts.dra_device_taints,
+                evict_unhealthy=opts.dra_evict_unhealthy,
             )
 
         return await dra_serve(settings, opts.kubeconfig, opts.node_name, env)

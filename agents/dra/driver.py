@@ -142,7 +142,9 @@ class Driver:
     def healthy(self, device: DeviceFacts) -> bool:
         resource = self._resources.get(device.resource)
         found = resource.inventory.get(device.device_id) if resource is not None else None
-        return found is not None and found.healthy
+        # Degraded works: a device the kubelet is told is Unhealthy only for being Degraded
+        # (health.degraded.report) is prepared like any other.
+        return found is not None and (found.healthy or found.degraded)
 
     def held(self) -> dict[str, ClaimRef]:
         """Device name -> the claim that holds it exclusively."""

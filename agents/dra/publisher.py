@@ -42,6 +42,7 @@ class SlicePublisher:
         client: ApiClient,
         *,
         device_taints: bool = False,
+        evict_unhealthy: bool = False,
         first_retry_s: float = FIRST_RETRY_S,
         max_retry_s: float = MAX_RETRY_S,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
@@ -49,6 +50,7 @@ class SlicePublisher:
         self.node = node
         self._client = client
         self._taints = device_taints
+        self._evict = evict_unhealthy  # an Unhealthy device's taint is NoExecute
         self._first_retry_s, self._max_retry_s = first_retry_s, max_retry_s
         self._watch_timeout_s = watch_timeout_s
         self._wanted: dict[str, tuple[FamilyFacts, dict[str, Cause]]] = {}
@@ -61,10 +63,11 @@ class SlicePublisher:
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
 
-    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, Cause]) -> None:
-        """Publish `devices` of their driver, the Unhealthy ones (by name, with their
-        causes) left out or tainted. Never waits: the API calls happen in `run`."""
-        self._wanted[devices.driver] = (devices, dict(unhealthy))
+    def set(self, devices: FamilyFacts, causes: Mapping[str, Cause]) -> None:
+        """Publish `devices` of their driver with their grades; `causes`: why each that is
+        not Healthy is so (by name): an Unhealthy one is left out or tainted, a Degraded
+        one tainted. Never waits: the API calls happen in `run`."""
+        self._wanted[devices.driver] = (devices, dict(causes))
         self._wake.set()
 
     @property
@@ -194,6 +197,7 @@ class SlicePublisher:
             unhealthy,
             taints=self._taints,
             generation=generation,
+            evict=self._evict,
         )
         return {s["metadata"]["name"]: s for s in slices}
 

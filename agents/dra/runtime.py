@@ -41,13 +41,14 @@ class DraSettings:
     registry_dir: Path
     cdi_root: Path
     device_taints: bool = False
+    evict_unhealthy: bool = False  # with device_taints: an Unhealthy device's is NoExecute
 
 
 class Slices(Protocol):
-    """Publishes each driver's devices, the Unhealthy ones (by name, with their causes)
-    left out or tainted; `set` returns at once, `run` does the requests."""
+    """Publishes each driver's devices with their grades, given the causes of those not
+    Healthy (by name); `set` returns at once, `run` does the requests."""
 
-    def set(self, devices: FamilyFacts, unhealthy: Mapping[str, Cause]) -> None: ...
+    def set(self, devices: FamilyFacts, causes: Mapping[str, Cause]) -> None: ...
 
     async def run(self) -> None: ...
 
@@ -195,9 +196,10 @@ class DraRuntime:
         self, family: Offer, devices: FamilyFacts, resources: Mapping[str, Resource]
     ) -> tuple[FamilyFacts, dict[str, Cause]]:
         """The devices to publish (not those running pods hold through the device-plugin
-        API) and the Unhealthy ones among them, with their causes."""
+        API) and the causes of those among them that are not Healthy (Degraded or
+        Unhealthy: the kubelet may not see a Degraded device change, the slice does)."""
         causes = causes_of(devices, family.device_health())
-        shown, unhealthy = [], {}
+        shown, flagged = [], {}
         for device in devices.devices:
             key = (device.resource, device.device_id)
             resource = resources.get(device.resource)
@@ -205,9 +207,9 @@ class DraRuntime:
             if found is None or self.withheld(*key):
                 continue
             shown.append(device)
-            if (cause := causes[device.name]) is not None and cause.grade is Grade.UNHEALTHY:
-                unhealthy[device.name] = cause
-        return dataclasses.replace(devices, devices=tuple(shown)), unhealthy
+            if (cause := causes[device.name]) is not None and cause.grade is not Grade.HEALTHY:
+                flagged[device.name] = cause
+        return dataclasses.replace(devices, devices=tuple(shown)), flagged
 
     def _health_of(self, driver: str) -> list[tuple[str, bool, str]]:
         """(device, healthy, why) of each of the driver's devices, for DRAResourceHealth."""

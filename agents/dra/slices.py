@@ -10,14 +10,15 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from agents.core.health import Cause, DeviceHealth, Taint
-from agents.kernel.facts import AttributeValue, DeviceFacts, FamilyFacts, Version
+from agents.core.health import Cause, DeviceHealth, Grade, Taint
+from agents.kernel.facts import HEALTH, AttributeValue, DeviceFacts, FamilyFacts, Version
 
 API_VERSION = "resource.k8s.io/v1"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_DEVICES = 128  # per slice, as the API server allows
 MAX_NAME = 253
 NO_SCHEDULE = "NoSchedule"
+NO_EXECUTE = "NoExecute"
 
 Obj = dict[str, Any]
 
@@ -44,18 +45,21 @@ def build_slices(
     node: str,
     node_uid: str,
     devices: FamilyFacts,
-    unhealthy: Mapping[str, Cause],
+    causes: Mapping[str, Cause],
     *,
     taints: bool,
     generation: int,
+    evict: bool = False,
 ) -> list[Obj]:
-    """The slices of `devices`' pool on `node`, at most MAX_DEVICES devices each. An
-    Unhealthy device (by name, with its cause) is left out, or with `taints` kept with its
-    cause's NoSchedule taint."""
+    """The slices of `devices`' pool on `node`, at most MAX_DEVICES devices each; `causes`:
+    why each device (by name) that is not Healthy is so. Every device says its grade in
+    the `node-agents.io/health` attribute. An Unhealthy device is left out, or with
+    `taints` kept with its cause's taint: NoSchedule, or NoExecute with `evict`. With
+    `taints` a Degraded device carries its signal's NoSchedule taint."""
     published = [
-        _device(d, unhealthy[d.name].taint(devices.driver) if d.name in unhealthy else None)
+        _device(d, causes.get(d.name), devices.driver, taints=taints, evict=evict)
         for d in devices.devices
-        if taints or d.name not in unhealthy
+        if taints or not _unhealthy(causes.get(d.name))
     ]
     chunks = [published[i : i + MAX_DEVICES] for i in range(0, len(published), MAX_DEVICES)]
     chunks = chunks or [[]]  # an empty pool still says so: no devices here
@@ -86,15 +90,24 @@ def build_slices(
     ]
 
 
-def _device(device: DeviceFacts, taint: Taint | None) -> Obj:
+def _unhealthy(cause: Cause | None) -> bool:
+    return cause is not None and cause.grade is Grade.UNHEALTHY
+
+
+def _device(
+    device: DeviceFacts, cause: Cause | None, driver: str, *, taints: bool, evict: bool
+) -> Obj:
     out: Obj = {"name": device.name}
-    if device.attributes:
-        out["attributes"] = {k: _attribute(v) for k, v in device.attributes.items()}
+    grade = Grade.HEALTHY if cause is None else cause.grade
+    attributes = {**device.attributes, HEALTH: grade.value}
+    out["attributes"] = {k: _attribute(v) for k, v in attributes.items()}
     if device.capacity:
         out["capacity"] = {k: {"value": v} for k, v in device.capacity.items()}
-    if taint is not None:
+    if taints and cause is not None:
+        taint: Taint = cause.taint(driver)
         value = {"value": taint.value} if taint.value else {}
-        out["taints"] = [{"key": taint.key, **value, "effect": NO_SCHEDULE}]
+        effect = NO_EXECUTE if evict and grade is Grade.UNHEALTHY else NO_SCHEDULE
+        out["taints"] = [{"key": taint.key, **value, "effect": effect}]
     return out
 
 

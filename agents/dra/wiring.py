@@ -68,7 +68,12 @@ class DraServe:
 
     def __init__(self, settings: DraSettings, client: ApiClient) -> None:
         self.settings = settings
-        self.publisher = SlicePublisher(settings.node, client, device_taints=settings.device_taints)
+        self.publisher = SlicePublisher(
+            settings.node,
+            client,
+            device_taints=settings.device_taints,
+            evict_unhealthy=settings.evict_unhealthy,
+        )
         self.claims = ApiClaims(client)
 
     def runtime(self, fresh: Sequence[Offer], host: Host) -> DraRuntime:

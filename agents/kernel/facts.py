@@ -16,6 +16,7 @@ PCI_BUS_ID = f"{STANDARD}/pciBusID"
 PCIE_ROOT = f"{STANDARD}/pcieRoot"
 NUMA_NODE = f"{STANDARD}/numaNode"
 PCIE_SWITCH = f"{OURS}/pcieSwitch"
+HEALTH = f"{OURS}/health"  # Healthy or Degraded: a claim's selector may ask for either
 
 
 @dataclass(frozen=True, order=True)

@@ -1,7 +1,8 @@
 """The ResourceSlice publisher against the API-server stand-in over real HTTP: the slices
 at start in their exact shape, health taking devices out and back (or tainting them), a
-deleted slice put back, an API server down at start, a driver of more than 128 devices,
-and no requests at rest beyond the open watch."""
+Degraded device's grade and taint, NoExecute with eviction, a deleted slice put back, an
+API server down at start, a driver of more than 128 devices, and no requests at rest
+beyond the open watch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from agents.cluster.client import Access, ApiClient
-from agents.core.health import GpuLost, Xids
+from agents.core.health import GpuLost, Grade, Signal, Xids
 from agents.dra.publisher import SlicePublisher
 from agents.kernel.facts import DeviceFacts, FamilyFacts, Version
 from tests.conditions import WAIT, async_wait_until
@@ -95,6 +96,7 @@ async def test_slices_at_start_have_the_api_shape(server: ApiServer, client: Api
                     "driverVersion": {"version": "570.124.6"},
                     "resource.kubernetes.io/pcieRoot": {"string": "pci0000:10"},
                     "mig": {"bool": False},
+                    "node-agents.io/health": {"string": "Healthy"},
                 },
                 "capacity": {"memory": {"value": "81920Mi"}},
             }
@@ -153,6 +155,74 @@ async def test_with_taints_an_unhealthy_device_stays_tainted(
         await async_wait_until(lambda: server.watching == 1, WAIT, "the watch")
         await async_wait_until(lambda: again.settled, WAIT, "the slice compared")
         assert _writes(server) == writes
+    finally:
+        await _stop(task)
+
+
+PCIE = Signal("pcie-width", "PCIe link x8 of x16", (("width", 8), ("maxWidth", 16)))
+
+
+def _device(server: ApiServer, name: str) -> dict[str, Any]:
+    return next(d for s in _ours(server) for d in s["spec"]["devices"] if d["name"] == name)
+
+
+def _health(server: ApiServer, name: str) -> str:
+    return str(_device(server, name)["attributes"]["node-agents.io/health"]["string"])
+
+
+def _taints(server: ApiServer, name: str) -> list[tuple[str, str, str]]:
+    device = _device(server, name)
+    return [(t["key"], t.get("value", ""), t["effect"]) for t in device.get("taints", [])]
+
+
+async def test_a_degraded_device_stays_with_its_grade_and_untainted_without_taints(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client)
+    gpus = _gpus(2)
+    publisher.set(gpus, {})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "2 devices")
+        publisher.set(gpus, {"gpu-1": PCIE})
+        await async_wait_until(lambda: _health(server, "gpu-1") == "Degraded", WAIT, "Degraded")
+        assert _names(server) == ["gpu-0", "gpu-1"]
+        assert _health(server, "gpu-0") == "Healthy"
+        assert _taints(server, "gpu-1") == []
+        publisher.set(gpus, {})
+        await async_wait_until(lambda: _health(server, "gpu-1") == "Healthy", WAIT, "Healthy")
+    finally:
+        await _stop(task)
+
+
+async def test_with_taints_a_degraded_device_carries_its_signal_noschedule(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client, device_taints=True, evict_unhealthy=True)
+    publisher.set(_gpus(3), {"gpu-1": PCIE, "gpu-2": Xids((79,))})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 3, WAIT, "3 devices")
+        assert _taints(server, "gpu-0") == []
+        # Degraded: kept off by the scheduler, never evicted; Unhealthy with eviction on.
+        assert _taints(server, "gpu-1") == [("node-agents.io/degraded", "pcie-width", "NoSchedule")]
+        assert _taints(server, "gpu-2") == [(f"{DRIVER}/xid", "79", "NoExecute")]
+        assert _health(server, "gpu-1") == "Degraded"
+    finally:
+        await _stop(task)
+
+
+async def test_without_eviction_an_unhealthy_device_taint_is_noschedule(
+    server: ApiServer, client: ApiClient
+) -> None:
+    publisher = SlicePublisher(NODE, client, device_taints=True)
+    publisher.set(_gpus(2), {"gpu-1": Signal("row-remap-failed", "failed", level=Grade.UNHEALTHY)})
+    task = await _running(publisher)
+    try:
+        await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "2 devices")
+        assert _taints(server, "gpu-1") == [
+            ("node-agents.io/degraded", "row-remap-failed", "NoSchedule")
+        ]
     finally:
         await _stop(task)
 

@@ -133,3 +133,15 @@ def test_log_level_env_outside_the_levels_is_a_usage_error_naming_it(
         .err.rstrip()
         .endswith(f"{LOG_LEVEL_ENV}: one of debug, info, warning, error, not 'loud'")
     )
+
+
+def test_dra_evict_unhealthy_without_device_taints_is_a_usage_error_of_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["run", "--api", "dra", "--dra-evict-unhealthy"])
+    assert exited.value.code == 2
+    assert "--dra-evict-unhealthy: only with --dra-device-taints" in capsys.readouterr().err
+    opts = parse_args(["run", "--api", "dra", "--dra-device-taints", "--dra-evict-unhealthy"])
+    assert opts.dra_evict_unhealthy and opts.dra_device_taints
+    assert not parse_args(["run"]).dra_evict_unhealthy
