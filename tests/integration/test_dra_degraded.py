@@ -76,7 +76,12 @@ async def test_with_eviction_an_unhealthy_gpu_taint_is_noexecute_a_degraded_one_
     await dra_node.start(
         node_file, "--config", _config(tmp_path), "--dra-device-taints", "--dra-evict-unhealthy"
     )
-    edit_node(lambda d: (_narrow_link(d), d["gpus"][5]["xids"].append(79)))
+
+    def degrade_and_fail(doc: dict[str, Any]) -> None:
+        _narrow_link(doc)
+        doc["gpus"][5]["xids"].append(79)
+
+    edit_node(degrade_and_fail)
     await dra_node.wait(lambda: _taints(dra_node, "gpu-5") == [(f"{GPU}/xid", "79", "NoExecute")])
     await dra_node.wait(
         lambda: (
