@@ -1,8 +1,9 @@
 """`node-agent demo`: the agents on a bundled simulated node, driven by the kubelet stand-in.
 
 Shows what a person would check on a real node: the capacity, a few pods' devices with
-their GPU<->NIC pairs, a fault turning a device Unhealthy and a reset bringing it back,
-and a clean stop.
+their GPU<->NIC pairs, a fault turning a device Unhealthy and a reset bringing it back, a
+GPU whose PCIe link trains at half width turning Degraded (chosen last, still counted by
+the kubelet) and Healthy again once restored, and a clean stop.
 """
 
 from __future__ import annotations
@@ -18,20 +19,27 @@ from typing import Any
 import yaml
 
 from agents.backends import simulated_backends
-from agents.config import Config
-from agents.core.health import GpuLost
+from agents.config import parse_config
+from agents.core.health import GpuLost, Grade
 from agents.core.topology import Topology
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
+from agents.kernel.catalogue import Inventory
 from agents.roce.family import RoceFamily
 from agents.sim.bundled import DEMO_NODE, bundled_node
 from agents.standin.admission import Container, Pod, PodAllocation
 from agents.standin.kubelet import Kubelet
+from agents.timing import Timing
 
 NIC_RESOURCE = "rdma/roce"
 WAIT_S = 10.0
+# A Degraded GPU is Healthy again after every signal has been within limits this long
+# (60 s by default), its signals read every SIGNAL_PROBE_S (5 s by default): short here.
+DEGRADED_HOLD_S = 3
+SIGNAL_PROBE_S = 1.0
+DEMO_CONFIG = f"version: v1\nhealth:\n  degraded:\n    holdS: {DEGRADED_HOLD_S}\n"
 
 
 class Demo:
@@ -50,11 +58,12 @@ class Demo:
         await self.kubelet.start()
         async with simulated_backends(self.node_file) as backends:
             agent = Agent(
-                Config.default(),
-                "<defaults>",
+                parse_config(DEMO_CONFIG, "<demo>"),
+                "<demo>",
                 self.plugin_dir,
                 backends,
                 pod_resources_socket=self.pod_resources,
+                timing=Timing(signal_probe_s=SIGNAL_PROBE_S),
             )
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
@@ -82,6 +91,7 @@ class Demo:
         ):
             self._show_pod(await self.kubelet.admit(pod), agent, names)
         await self._fault(agent, names)
+        await self._degraded(agent, names)
 
     def _describe_node(self) -> None:
         for title, counts in (
@@ -155,24 +165,80 @@ class Demo:
             f" (NVML answering normally for {HOLD_S:g} s first)"
         )
 
+    async def _degraded(self, agent: Agent, names: dict[str, str]) -> None:
+        gpu = agent.family(GpuFamily)
+        assert gpu is not None
+        for name in ("trainer-1", "notebook"):
+            await self.kubelet.end(name)
+        held = self.kubelet.allocated().get(GPU_RESOURCE, set())
+        free = [g for g in gpu.gpus if g.uuid not in held]
+        index = next(i for i, g in enumerate(gpu.gpus) if g is free[0])
+        victim = free[0].uuid
+        self.out(
+            f"\nEnded trainer-1 and notebook: {len(free)} GPUs free. "
+            f"{names[victim]}'s PCIe link retrains at x8 of x16 ..."
+        )
+        # The kubelet hears of no change: the GPUs' device list (with grades) does.
+        inventory = gpu.resources()[0].inventory
+        seen = await self._edit_and_wait(
+            lambda node: node["gpus"][index].__setitem__("pcie", {"width": 8, "maxWidth": 16}),
+            lambda _k: _grade(gpu, victim) is Grade.DEGRADED,
+            changes=inventory,
+        )
+        cause = gpu.unhealthy_cause(victim)
+        why = cause.text() if cause is not None else ""
+        self.out(f"  {names[victim]} Degraded after {seen * 1000:.0f} ms: {why}")
+        self.out(f"  the kubelet still counts it: {_health(self.kubelet, victim)}")
+        pod = Pod("inference", [Container("serve", {GPU_RESOURCE: len(free) - 1})])
+        got = (await self.kubelet.admit(pod)).containers["serve"].devices[GPU_RESOURCE]
+        chosen = ", ".join(sorted(names[g] for g in got))
+        self.out(f"  pod inference asks {len(got)} GPUs, preferred and given: {chosen}")
+        await self.kubelet.end("inference")
+        self.out(f"Restoring {names[victim]}'s link to x16 ...")
+        seen = await self._edit_and_wait(
+            lambda node: node["gpus"][index].pop("pcie", None),
+            lambda _k: _grade(gpu, victim) is Grade.HEALTHY,
+            changes=inventory,
+        )
+        self.out(
+            f"  {names[victim]} Healthy again after {seen * 1000:.0f} ms"
+            f" (held for holdS = {DEGRADED_HOLD_S} s from the last probe out of limits)"
+        )
+
     async def _edit_and_wait(
         self,
         edit: Callable[[dict[str, Any]], object],
         seen: Callable[[Kubelet], bool],
+        *,
+        changes: Inventory | None = None,
     ) -> float:
+        """Seconds from the edit until `seen`, checked as the kubelet hears of a change,
+        or where it hears of none, as `changes` does."""
         node = yaml.safe_load(self.node_file.read_text())
         edit(node)
         tmp = self.node_file.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(node, sort_keys=False))
         started = time.monotonic()
         tmp.rename(self.node_file)
-        await self.kubelet.wait_until(seen, WAIT_S)
-        return time.monotonic() - started
+        if changes is None:
+            await self.kubelet.wait_until(seen, WAIT_S)
+            return time.monotonic() - started
+        async with asyncio.timeout(WAIT_S):
+            while True:
+                version = changes.version
+                if seen(self.kubelet):
+                    return time.monotonic() - started
+                await changes.wait_newer(version)
 
 
 def _devices(kubelet: Kubelet, resource: str) -> dict[str, Any]:
     view = kubelet.resource(resource)
     return dict(view.devices) if view is not None else {}
+
+
+def _grade(gpu: GpuFamily, uuid: str) -> Grade:
+    cause = gpu.unhealthy_cause(uuid)
+    return Grade.HEALTHY if cause is None else cause.grade
 
 
 def _health(kubelet: Kubelet, device: str) -> str | None:
