@@ -160,3 +160,39 @@ async def test_paired_gpus_take_a_degraded_gpu_last(tmp_path: Path) -> None:
         assert uuid in await _preferred(run, 7)
         await run.edit_node(_edit_gpu(GPU_INDEX, SIGNALS["pcie-width"][0]))
         await _until_preferred(run, lambda chosen: uuid not in chosen, WAIT)
+
+
+async def test_replicas_of_a_degraded_gpu_are_chosen_last(tmp_path: Path) -> None:
+    shared = CONFIG + (
+        "sharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
+    )
+    async with running_agent(tmp_path, shared, timing=SHORT) as run:
+        await run.registered({GPU_RESOURCE: 16})
+        uuid = run.gpu_uuids()[GPU_INDEX]
+        endpoint = run.kubelet.endpoint(GPU_RESOURCE)
+        assert endpoint is not None
+        replicas = sorted(run.devices())
+        on_it = {r for r in replicas if r.startswith(uuid)}
+        assert len(on_it) == 2
+        await run.edit_node(_edit_gpu(GPU_INDEX, SIGNALS["pcie-width"][0]))
+        await async_wait_until(lambda: _grade(run, uuid)[0] is Grade.DEGRADED, WAIT)
+        for size in (1, 14):
+            assert not on_it & set(await endpoint.preferred(replicas, [], size))
+        assert len(on_it & set(await endpoint.preferred(replicas, [], 15))) == 1
+
+
+async def test_a_gpu_that_answers_again_after_it_was_lost_is_judged_afresh(
+    tmp_path: Path,
+) -> None:
+    async with running_agent(tmp_path, CONFIG, timing=SHORT) as run:
+        await run.registered({GPU_RESOURCE: 8})
+        uuid = run.gpu_uuids()[GPU_INDEX]
+        await run.edit_node(_edit_gpu(GPU_INDEX, SIGNALS["nvlink-down"][0]))
+        await async_wait_until(lambda: _grade(run, uuid) == (Grade.DEGRADED, "nvlink-down"), WAIT)
+        await run.edit_node(_edit_gpu(GPU_INDEX, _set(lost=True)))
+        await async_wait_until(lambda: _grade(run, uuid) == (Grade.UNHEALTHY, "lost"), WAIT)
+        # Reset: the links that stay down are not counted against it any more.
+        await run.edit_node(_edit_gpu(GPU_INDEX, _set(lost=False)))
+        await async_wait_until(
+            lambda: _grade(run, uuid) == (Grade.HEALTHY, ""), WAIT + HOLD_S + SHORT.gpu_hold_s
+        )
