@@ -22,7 +22,7 @@ from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
-from agents.hw.nvml import GpuProbe, GpuStatus, Nvml, XidEvent
+from agents.hw.nvml import GpuStatus, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
@@ -78,7 +78,7 @@ class GpuFamily:
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
         self._signal_s = timing.signal_probe_s
         self._signals = GpuSignalWatch(
-            nvml.probe if isinstance(nvml, GpuProbe) else None,
+            nvml,
             [g.uuid for g in self.gpus],
             config.health.degraded.limits,
             clock,

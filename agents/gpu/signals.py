@@ -10,6 +10,7 @@ import structlog
 from agents.core.degraded import DeviceVerdict, Limits
 from agents.core.gpu_signals import GpuReading, GpuSignals
 from agents.core.health import Grade, Signal
+from agents.hw.nvml import GpuProbe
 from agents.hw.signal_probes import SignalProbes
 
 log = structlog.get_logger(__name__)
@@ -19,20 +20,18 @@ class GpuSignalWatch:
     """The signals of these GPUs: `read` one round, then ask each GPU's `cause`."""
 
     def __init__(
-        self,
-        probe: Callable[[str], GpuReading] | None,
-        uuids: Iterable[str],
-        limits: Limits,
-        clock: Callable[[], float],
+        self, nvml: object, uuids: Iterable[str], limits: Limits, clock: Callable[[], float]
     ) -> None:
-        # None: this NVML offers no signals; every GPU is judged by its status alone.
-        self._probes = None if probe is None else SignalProbes(probe, "nvml-signals")
+        self._nvml = nvml  # asked for its probe only when there are GPUs to read
+        self._probes: SignalProbes[GpuReading] | None = None
         self._signals = {uuid: GpuSignals(limits, clock) for uuid in uuids}
         self._verdicts: dict[str, DeviceVerdict] = {}
 
     @property
     def active(self) -> bool:
-        return self._probes is not None and bool(self._signals)
+        """Whether there is something to read: GPUs, and an NVML that offers the signals
+        (one that does not judges every GPU by its status alone)."""
+        return bool(self._signals) and isinstance(self._nvml, GpuProbe)
 
     def take_over(self, earlier: GpuSignalWatch, limits: Limits) -> None:
         """Go on from `earlier`'s signals (a reload), on `limits` from the next probe."""
@@ -52,7 +51,10 @@ class GpuSignalWatch:
         """One round of readings of `uuids` (a GPU whose probe failed keeps its verdict:
         the status probe tells whether it is lost)."""
         if self._probes is None:
-            return
+            if not self.active:
+                return
+            assert isinstance(self._nvml, GpuProbe)
+            self._probes = SignalProbes(self._nvml.probe, "nvml-signals")
         chosen = [u for u in uuids if u in self._signals]
         for uuid, reading in (await self._probes.readings(chosen, wait_s)).items():
             verdict = self._signals[uuid].observe(reading)
