@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conditions import PROCESS_WAIT as WAIT
-from tests.integration.dra_node import GPU, NIC, DraNode, dra_node
+from tests.integration.dra_node import GPU, NIC, DraNode, dra_node, ref
 from tests.nvml.harness import Lab
 
 __all__ = ["dra_node"]
@@ -108,3 +108,16 @@ async def test_a_degraded_gpu_on_the_real_nvml_backend_reaches_the_slice(
     lab.node.gpus[3].signals.pcie_width = 16
     lab.apply()
     await dra_node.wait(lambda: _health(dra_node, GPU, name) == "Healthy", WAIT + HOLD_S)
+
+
+async def test_a_degraded_gpu_is_prepared_even_where_the_kubelet_is_told_unhealthy(
+    dra_node: DraNode, node_file: Path, edit_node: Callable[..., None], tmp_path: Path
+) -> None:
+    config = tmp_path / "report.yaml"
+    config.write_text("version: v1\nhealth:\n  degraded:\n    report: unhealthy\n")
+    await dra_node.start(node_file, "--config", str(config))
+    edit_node(_narrow_link)
+    await dra_node.wait(lambda: _health(dra_node, GPU, "gpu-2") == "Degraded")
+    dra_node.claim("small-job", [("gpu", GPU, "gpu-2")])
+    answer = await dra_node.kubelet.prepare(GPU, [ref("small-job")])
+    assert answer.claims["small-job"].error == ""

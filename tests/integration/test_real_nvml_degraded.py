@@ -112,10 +112,11 @@ async def test_each_gpu_signal_is_chosen_last_while_out_of_limits_and_back_after
         baseline = await run.preferred(7)
         assert run.uuid in baseline
         run.change(bad)
-        await run.until_preferred(lambda chosen: run.uuid not in chosen, WAIT)
+        seen = await run.until_preferred(lambda chosen: run.uuid not in chosen, WAIT)
         assert health(run.kubelet)[run.uuid] == "Healthy"
         run.change(good)
         took = await run.until_preferred(lambda chosen: chosen == baseline, WAIT + HOLD_S)
+        print(f"{signal}: chosen last after {seen:.2f} s, back after {took:.2f} s")
         assert took >= HOLD_S / 2  # held, not let go at the first probe within limits
         # A query NVML does not offer (page retirement on an H100) is told once per GPU
         # and never makes it Degraded.
