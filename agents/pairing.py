@@ -135,6 +135,9 @@ class PairingSide:
     def located(self, resource: str, locations: Mapping[str, PciLocation | None]) -> None:
         self.pairing.located(self.kind, resource, locations)
 
+    def graded(self, degraded: Collection[str]) -> None:
+        self.pairing.ledger.graded(self.kind, degraded)
+
     def prefer(
         self,
         available: Sequence[str],

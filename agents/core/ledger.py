@@ -43,6 +43,11 @@ class PairingSide(Protocol):
 
     def located(self, resource: str, locations: Mapping[str, PciLocation | None]) -> None: ...
 
+    def graded(self, degraded: Collection[str]) -> None:
+        """Which of the resource's devices are Degraded now: the other kind's choice pairs
+        towards these only where nothing Healthy is left."""
+        ...
+
     def prefer(
         self,
         available: Sequence[str],
@@ -107,6 +112,7 @@ class Ledger:
         self._reported: set[str] = set()
         self._open_keys: set[tuple[str, str]] | None = None  # listed when it opened
         self._doubtful = False  # renames read together may have ended it
+        self._degraded: dict[str, frozenset[str]] = {k: frozenset() for k in KINDS}
 
     def set_partners(
         self, kind: str, resource: str, partners: Mapping[str, frozenset[str]]
@@ -117,6 +123,10 @@ class Ledger:
         self._partners[kind] = Partners(partners)
 
     # Facts
+
+    def graded(self, kind: str, degraded: Collection[str]) -> None:
+        """The devices of `kind` that are Degraded now: no partner to choose towards."""
+        self._degraded[kind] = frozenset(degraded)
 
     def checkpoint(self, document: Checkpoint | None, writes: int) -> None:
         """The checkpoint as it is now, after `writes` renames since the last call (None:
@@ -208,7 +218,8 @@ class Ledger:
         container_other = frozenset(self._open.devices[other])
         view = PairView(
             partners=self._partners[kind],
-            other_free=self._healthy(other) - held - container_other,
+            # A Degraded partner is chosen last: not one to pair towards.
+            other_free=self._healthy(other) - held - container_other - self._degraded[other],
             container_other=container_other,
             this_free=offered,
         )

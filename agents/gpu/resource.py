@@ -96,11 +96,14 @@ class GpuResource:
         as its GPU); units of GPUs missing from the map are no longer advertised. True if
         anything changed."""
         unhealthy = self._degraded_unhealthy
-        return self._inventory.replace(
+        changed = self._inventory.replace(
             graded(u.id, grades[u.gpu_uuid], u.numa, degraded_unhealthy=unhealthy)
             for u in self._units.values()
             if u.gpu_uuid in grades
         )
+        if changed and self.pairing is not None:
+            self.pairing.graded([d.id for d in self._inventory.devices if d.degraded])
+        return changed
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
         units = [self._units[i] for i in device_ids]

@@ -61,10 +61,13 @@ class RoceResource:
         changed."""
         self.nics = {n.pci: n for n in nics}
         unhealthy = self._degraded_unhealthy
-        return self._inventory.replace(
+        changed = self._inventory.replace(
             graded(n.pci, _grade(health.get(n.pci, False)), n.numa, degraded_unhealthy=unhealthy)
             for n in nics
         )
+        if changed and self.pairing is not None:
+            self.pairing.graded([d.id for d in self._inventory.devices if d.degraded])
+        return changed
 
     def set_health(self, health: Mapping[str, Grade]) -> bool:
         """The same NICs at these grades (by PCI address); True if the list changed."""
