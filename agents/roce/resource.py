@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
+from agents.config import DegradedReport
 from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.health import Grade
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.kernel.catalogue import Inventory, listed
@@ -27,8 +29,10 @@ class RoceResource:
         dev_root: str = "",
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
+        report: DegradedReport = "healthy",
     ) -> None:
         self._name = name
+        self._report = report  # what the kubelet is told of a Degraded NIC
         self._clock = clock
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
@@ -56,6 +60,17 @@ class RoceResource:
         self.nics = {n.pci: n for n in nics}
         return self._inventory.replace(
             Device(n.pci, healthy.get(n.pci, False), n.numa) for n in nics
+        )
+
+    def set_health(self, health: Mapping[str, Grade]) -> bool:
+        """Each advertised NIC's grade (one left out: Unhealthy). The kubelet is told that
+        a Degraded NIC is Healthy, unless the config says `report: unhealthy`; True if the
+        list changed."""
+        told = {Grade.HEALTHY: True, Grade.DEGRADED: self._report == "healthy"}
+        grades = {pci: health.get(pci, Grade.UNHEALTHY) for pci in self.nics}
+        return self._inventory.replace(
+            Device(n.pci, told.get(grades[n.pci], False), n.numa, grades[n.pci] is Grade.DEGRADED)
+            for n in self.nics.values()
         )
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
