@@ -21,6 +21,7 @@ class Timing:
     gpu_probe_s: float = PROBE_INTERVAL_S  # NVML is asked about every GPU this often
     nic_flap_hold_s: float = FLAP_HOLD_S
     nic_port_poll_s: float = PORT_POLL_S
+    nic_signal_probe_s: float = 5.0  # a NIC's degraded-device signals read this often
 
 
 PRODUCTION = Timing()
