@@ -10,7 +10,13 @@ import sys
 from agents.cli import main
 from agents.timing import Timing
 
-SHORT = Timing(gpu_hold_s=0.3, gpu_probe_s=0.2, nic_flap_hold_s=0.2, nic_port_poll_s=0.5)
+SHORT = Timing(
+    gpu_hold_s=0.3,
+    gpu_probe_s=0.2,
+    nic_flap_hold_s=0.2,
+    nic_port_poll_s=0.5,
+    nic_signal_probe_s=0.2,
+)
 # The arguments of sys.executable that start `node-agent`, on production's times or SHORT
 AGENT = ("-m", "agents.cli")
 SHORT_AGENT = ("-m", "tests.timing")
