@@ -94,7 +94,7 @@ class RoceFamily:
             self._nics,
             dev_root=dev_root,
             pairing=pairing,
-            report=config.health.degraded.report,
+            degraded_unhealthy=config.health.degraded.report == "unhealthy",
         )
         self._up: dict[str, bool] = {}  # by link and port, as last debounced
         self._pushed: tuple[list[Nic], dict[str, Grade]] | None = None  # last handed over

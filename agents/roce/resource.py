@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from agents.config import DegradedReport
 from agents.core import budget
 from agents.core.device import ContainerAllocation, Device, DeviceSpec
 from agents.core.health import Grade
@@ -29,10 +28,10 @@ class RoceResource:
         dev_root: str = "",
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
-        report: DegradedReport = "healthy",
+        degraded_unhealthy: bool = False,
     ) -> None:
         self._name = name
-        self._report = report  # what the kubelet is told of a Degraded NIC
+        self._degraded_unhealthy = degraded_unhealthy  # health.degraded.report: unhealthy
         self._clock = clock
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
@@ -66,7 +65,7 @@ class RoceResource:
         """Each advertised NIC's grade (one left out: Unhealthy). The kubelet is told that
         a Degraded NIC is Healthy, unless the config says `report: unhealthy`; True if the
         list changed."""
-        told = {Grade.HEALTHY: True, Grade.DEGRADED: self._report == "healthy"}
+        told = {Grade.HEALTHY: True, Grade.DEGRADED: not self._degraded_unhealthy}
         grades = {pci: health.get(pci, Grade.UNHEALTHY) for pci in self.nics}
         return self._inventory.replace(
             Device(n.pci, told.get(grades[n.pci], False), n.numa, grades[n.pci] is Grade.DEGRADED)
