@@ -162,7 +162,10 @@ class RoceFamily:
         while True:
             await asyncio.sleep(self._signal_s)  # the probe period, not a wait for a state
             caused = await self._signals.probe(self._signal_s, self._link_up)
-            if self._push() or caused:
+            if self._push():
+                self._publish()
+            elif caused:  # the same grades, another signal: what DRA's taints name changed
+                self._resource.inventory.touch()
                 self._publish()
 
     def follow(self, earlier: Family) -> None:
