@@ -229,3 +229,24 @@ async def test_a_degraded_nic_whose_link_goes_down_is_unhealthy_then_degraded_ag
             await on.kubelet.wait_until(lambda _: on.told(nic) == "Healthy", WAIT)
             await async_wait_until(lambda: on.degraded() == {nic}, WAIT, "Degraded again")
             assert on.health(nic).grade is Grade.DEGRADED
+
+
+async def test_another_signal_at_the_same_grade_is_told_and_wakes_the_inventory(
+    node_file: Path,
+) -> None:
+    edit(node_file, lambda d: d["nics"][6].update({"counters": {"symbol_error": 0}}))
+    async with running(node_file) as on:
+        nic = on.pci(6)
+        edit(node_file, lambda d: d["nics"][6].update({"counters": {"symbol_error": 99}}))
+        await async_wait_until(lambda: on.degraded() == {nic}, WAIT, "NIC 6 Degraded")
+        inventory = on.family.resources()[0].inventory
+        version = inventory.version
+        edit(node_file, lambda d: speeds(d, {6: SLOW}))
+
+        def named() -> str | None:
+            cause = on.health(nic).cause
+            return cause.label if cause is not None else None
+
+        await async_wait_until(lambda: named() == "link-speed", WAIT, "the speed named")
+        assert inventory.version > version, "readers of the inventory (DRA) were woken"
+        assert on.degraded() == {nic} and on.told(nic) == "Healthy"
