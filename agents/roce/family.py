@@ -136,6 +136,7 @@ class RoceFamily:
     async def run(self) -> None:
         """Keep health, the NIC list and their neighbours current until cancelled."""
         self._publish()  # the state found at discovery, NICs already down included
+        self._signals.tell()
         self._watch_fabric()
         try:
             async with asyncio.TaskGroup() as group:
@@ -162,6 +163,7 @@ class RoceFamily:
         while True:
             await asyncio.sleep(self._signal_s)  # the probe period, not a wait for a state
             caused = await self._signals.probe(self._signal_s, self._link_up)
+            self._signals.tell()
             if self._push():
                 self._publish()
             elif caused:  # the same grades, another signal: what DRA's taints name changed

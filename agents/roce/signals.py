@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from agents.core.degraded import Clock, DeviceVerdict, Limits
+from agents.core.degraded import Clock, DeviceVerdict, Limits, Unknown
 from agents.core.health import Grade, Signal
 from agents.core.nic_signals import NicReading, NicSignals, expected_speeds
 from agents.errors import BackendError
@@ -64,6 +64,7 @@ class NicSignalWatch:
         self._models: dict[str, str] = {}
         self._signals: dict[str, NicSignals] = {}
         self._kept: dict[str, _Kept] = {}
+        self._untold: list[tuple[Nic, Unknown]] = []  # for tell()
         self._probes = SignalProbes(self._read, "nic-signals")
 
     def watch(self, nics: Sequence[Nic]) -> None:
@@ -106,16 +107,22 @@ class NicSignalWatch:
             if signals is None:
                 signals = self._signals[pci] = NicSignals(nic.netdev, self._limits, self._clock)
             verdict = signals.observe(reading, expected[pci])
-            for unknown in verdict.unknown:
-                log.info(
-                    "device_signal_unknown",
-                    device=pci,
-                    where=f"interface {nic.netdev}",
-                    signal=unknown.signal,
-                    reason=unknown.reason,
-                )
+            self._untold += [(nic, unknown) for unknown in verdict.unknown]
             changed |= self._keep(pci, verdict)
         return changed
+
+    def tell(self) -> None:
+        """Log the signals found unknown since the last call, each (NIC, signal, reason)
+        once: left to the caller so that a watch replaced on a reload tells nothing."""
+        for nic, unknown in self._untold:
+            log.info(
+                "device_signal_unknown",
+                device=nic.pci,
+                where=f"interface {nic.netdev}",
+                signal=unknown.signal,
+                reason=unknown.reason,
+            )
+        self._untold = []
 
     def _keep(self, pci: str, verdict: DeviceVerdict) -> bool:
         before = self._kept.get(pci)
@@ -142,7 +149,7 @@ class NicSignalWatch:
         """Go on from what `earlier` (the watch of the family this one replaces) measured,
         under this watch's limits."""
         self._signals, self._kept = earlier._signals, earlier._kept
-        self._models = earlier._models
+        self._models, self._untold = earlier._models, earlier._untold
         self.apply(self._limits)
         self.watch(list(self._nics.values()))
 

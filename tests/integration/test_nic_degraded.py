@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from agents.backends import simulated_backends
 from agents.config import parse_config
@@ -250,3 +251,29 @@ async def test_another_signal_at_the_same_grade_is_told_and_wakes_the_inventory(
         await async_wait_until(lambda: named() == "link-speed", WAIT, "the speed named")
         assert inventory.version > version, "readers of the inventory (DRA) were woken"
         assert on.degraded() == {nic} and on.told(nic) == "Healthy"
+
+
+async def test_signals_a_node_does_not_offer_are_logged_once_reloads_included(
+    node_file: Path,
+) -> None:
+    """The bundled node has no speed files and no RDMA counters: each NIC's two signals
+    are unknown, told once, and not again by the family a reload builds."""
+    with capture_logs() as logs:
+        async with running(node_file) as on:
+
+            def unknown() -> list[tuple[str, str]]:
+                return [
+                    (e["device"], e["signal"])
+                    for e in logs
+                    if e["event"] == "device_signal_unknown"
+                ]
+
+            every = {(on.pci(i), s) for i in range(8) for s in ("link-speed", "rdma-errors")}
+            await async_wait_until(lambda: set(unknown()) == every, WAIT, "16 unknown told")
+            reloaded = "health: {degraded: {nicSpeedMbps: 800000}}\n"
+            await on.agent.reload(parse_config(reloaded, "<test>"))
+            edit(node_file, lambda d: d["nics"][0].update({"speedMbps": FAST}))
+            nic = on.pci(0)  # a probe of the new family after the edit
+            await async_wait_until(lambda: on.degraded() == {nic}, WAIT, "NIC 0 Degraded")
+            assert sorted(unknown()) == sorted(every)
+            assert not on.degraded() - {nic}

@@ -235,6 +235,7 @@ async def test_counters_going_backwards_or_absent_are_unknown_once_never_degrade
         tree.apply(node_with({"carrierChanges": 50}))  # no speed file, no RDMA counters
         for _ in range(3):
             assert not await watch.probe(PROBE_WAIT_S, always_up)
+            watch.tell()
             clock.now += 5
         tree.apply(node_with({"counters": {"symbol_error": 500}, "carrierChanges": 50}))
         assert not await watch.probe(PROBE_WAIT_S, always_up)
@@ -242,6 +243,7 @@ async def test_counters_going_backwards_or_absent_are_unknown_once_never_degrade
             clock.now += 5
             tree.apply(node_with({"counters": {"symbol_error": 0}, "carrierChanges": 0}))
             assert not await watch.probe(PROBE_WAIT_S, always_up)
+            watch.tell()
             assert watch.cause(SIM_NIC.pci) is None
     unknown = [(e["signal"], e["reason"]) for e in logs if e["event"] == "device_signal_unknown"]
     assert sorted(unknown) == sorted(
