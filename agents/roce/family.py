@@ -32,7 +32,7 @@ from agents.roce import dra
 from agents.roce.discovery import Nic, discover
 from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
 from agents.roce.resource import RoceResource
-from agents.roce.signals import NicProbe, NicSignalWatch, read_signals
+from agents.roce.signals import NicProbe, NicSignalWatch, Round, read_signals
 from agents.timing import PRODUCTION, Timing
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,7 @@ class RoceFamily:
         self._ports = found.ports  # as discovered: the state until the first wake
         self._signals = NicSignalWatch(sysfs, config.health.degraded.limits, clock=clock)
         self._signals.watch(self._nics)
-        self._signals.judge(found.signals, self._link_up)
+        self._first = self._signals.judge(found.signals, self._link_up)  # its readings: run()
         # The source is the agent's; `fabric_unknown` after unknown_after_s without a word.
         self.fabric = FabricWatch(lldp, config.fabric, clock=clock, unknown_after_s=unknown_after_s)
         self._apply(self._nics, self._ports)
@@ -137,6 +137,7 @@ class RoceFamily:
         """Keep health, the NIC list and their neighbours current until cancelled."""
         self._publish()  # the state found at discovery, NICs already down included
         self._signals.tell()
+        self._gauge(self._first)
         self._watch_fabric()
         try:
             async with asyncio.TaskGroup() as group:
@@ -162,13 +163,21 @@ class RoceFamily:
         read at discovery); a change of a NIC's grade or cause is published."""
         while True:
             await asyncio.sleep(self._signal_s)  # the probe period, not a wait for a state
-            caused = await self._signals.probe(self._signal_s, self._link_up)
+            done = await self._signals.probe(self._signal_s, self._link_up)
             self._signals.tell()
+            self._gauge(done)
             if self._push():
                 self._publish()
-            elif caused:  # the same grades, another signal: what DRA's taints name changed
-                self._resource.inventory.touch()
+            elif done.causes:  # the same grades; new figures, or other signals
+                if done.signals:  # what DRA's taints and attributes name changed
+                    self._resource.inventory.touch()
                 self._publish()
+
+    def _gauge(self, done: Round) -> None:
+        """A round's readings, to the always-on gauges."""
+        if self._sink is not None:
+            for pci, values in done.readings.items():
+                self._sink.readings(self._resource.name, pci, values)
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, RoceFamily):

@@ -1,26 +1,25 @@
 """The degraded-device signals of the RoCE NICs (docs/degraded.md): each NIC's sysfs files
 read off the event loop, judged against the configured limits, and the verdict kept as
-the cause the cluster is told of."""
+the cause the cluster is told of, beside the readings the gauges show."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
-from agents.core.degraded import Clock, DeviceVerdict, Limits, Unknown
-from agents.core.health import Grade, Signal
+from agents.core.degraded import Clock, Limits, Unknown
+from agents.core.health import Signal, Signals, signal_cause, signals_of
 from agents.core.nic_signals import NicReading, NicSignals, expected_speeds
+from agents.core.readings import Readings, nic_readings
 from agents.errors import BackendError
 from agents.hw.signal_probes import SignalProbes
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
 
 log = structlog.get_logger(__name__)
-
-_GRADES = {"degraded": Grade.DEGRADED, "unhealthy": Grade.UNHEALTHY}
 
 
 @dataclass(frozen=True)
@@ -44,12 +43,12 @@ def _probe(sysfs: Sysfs, nic: Nic, model: str | None) -> NicProbe:
 
 
 @dataclass(frozen=True)
-class _Kept:
-    """A NIC's cause, and the signals it stands for: renewed only when they change, so
-    that a counter that keeps climbing is one fault, not a new one at every probe."""
+class Round:
+    """What one round of probes changed, and what it read."""
 
-    signals: frozenset[str]
-    cause: Signal
+    causes: bool = False  # a NIC's cause changed, if only its figures
+    signals: bool = False  # the signals behind a NIC's cause changed: what taints name
+    readings: Mapping[str, Readings] = field(default_factory=dict)  # by PCI address
 
 
 class NicSignalWatch:
@@ -63,7 +62,7 @@ class NicSignalWatch:
         self._nics: dict[str, Nic] = {}  # replaced whole: the worker reads it
         self._models: dict[str, str] = {}
         self._signals: dict[str, NicSignals] = {}
-        self._kept: dict[str, _Kept] = {}
+        self._causes: dict[str, Signal | Signals] = {}
         self._untold: list[tuple[Nic, Unknown]] = []  # for tell()
         self._probes = SignalProbes(self._read, "nic-signals")
 
@@ -74,21 +73,20 @@ class NicSignalWatch:
             nic = self._nics.get(pci)
             if nic is None or nic.netdev != signals.name:
                 del self._signals[pci]
-                self._kept.pop(pci, None)
+                self._causes.pop(pci, None)
                 self._models.pop(pci, None)
 
-    def cause(self, pci: str) -> Signal | None:
+    def cause(self, pci: str) -> Signal | Signals | None:
         """Why the NIC is Degraded (or worse) by its signals; None while they are in limits."""
-        kept = self._kept.get(pci)
-        return None if kept is None else kept.cause
+        return self._causes.get(pci)
 
-    async def probe(self, wait_s: float, up: Callable[[Nic], bool]) -> bool:
+    async def probe(self, wait_s: float, up: Callable[[Nic], bool]) -> Round:
         """Read every watched NIC (a round that outlives wait_s answers nothing) and judge
-        it, `up` saying whether its link is up now; True when a NIC's cause changed."""
+        it, `up` saying whether its link is up now."""
         return self.judge(await self._probes.readings(list(self._nics), wait_s), up)
 
-    def judge(self, probes: Mapping[str, NicProbe], up: Callable[[Nic], bool]) -> bool:
-        """Take in one round of probes; True when a NIC's cause changed."""
+    def judge(self, probes: Mapping[str, NicProbe], up: Callable[[Nic], bool]) -> Round:
+        """Take in one round of probes."""
         nics = {pci: nic for pci, nic in self._nics.items() if pci in probes}
         for pci in nics:
             self._models.setdefault(pci, probes[pci].model)
@@ -100,7 +98,7 @@ class NicSignalWatch:
         models = {pci: self._models[pci] or f"?{pci}" for pci in readings}
         speeds = {pci: (models[pci], r.speed_mbps) for pci, r in readings.items()}
         expected = expected_speeds(speeds, self._limits.nic_speed_mbps)
-        changed = False
+        causes = renamed = False
         for pci, reading in readings.items():
             nic = nics[pci]
             signals = self._signals.get(pci)
@@ -108,8 +106,13 @@ class NicSignalWatch:
                 signals = self._signals[pci] = NicSignals(nic.netdev, self._limits, self._clock)
             verdict = signals.observe(reading, expected[pci])
             self._untold += [(nic, unknown) for unknown in verdict.unknown]
-            changed |= self._keep(pci, verdict)
-        return changed
+            before, cause = self._causes.pop(pci, None), signal_cause(verdict.signals)
+            if cause is not None:
+                self._causes[pci] = cause
+            causes |= cause != before
+            renamed |= _named(cause) != _named(before)
+        gauges = {pci: nic_readings(r, expected[pci]) for pci, r in readings.items()}
+        return Round(causes, renamed, gauges)
 
     def tell(self) -> None:
         """Log the signals found unknown since the last call, each (NIC, signal, reason)
@@ -124,21 +127,6 @@ class NicSignalWatch:
             )
         self._untold = []
 
-    def _keep(self, pci: str, verdict: DeviceVerdict) -> bool:
-        before = self._kept.get(pci)
-        if verdict.grade == "healthy":
-            self._kept.pop(pci, None)
-            return before is not None
-        worst = [s for s in verdict.signals if s.grade == verdict.grade]
-        names = frozenset(s.signal for s in worst)
-        grade = _GRADES[verdict.grade]
-        if before is not None and before.signals == names and before.cause.level is grade:
-            return False
-        first = next((s for s in worst if not s.held), worst[0])
-        cause = Signal(first.signal, verdict.message, first.figures, grade)
-        self._kept[pci] = _Kept(names, cause)
-        return True
-
     def apply(self, limits: Limits) -> None:
         """New limits (a config reload): they hold from the next probe on."""
         self._limits = limits
@@ -148,7 +136,7 @@ class NicSignalWatch:
     def follow(self, earlier: NicSignalWatch) -> None:
         """Go on from what `earlier` (the watch of the family this one replaces) measured,
         under this watch's limits."""
-        self._signals, self._kept = earlier._signals, earlier._kept
+        self._signals, self._causes = earlier._signals, earlier._causes
         self._models, self._untold = earlier._models, earlier._untold
         self.apply(self._limits)
         self.watch(list(self._nics.values()))
@@ -163,3 +151,8 @@ class NicSignalWatch:
         if nic is None:
             raise BackendError(f"NIC {pci} is no longer watched")  # gone since the round began
         return _probe(self._sysfs, nic, self._models.get(pci))
+
+
+def _named(cause: Signal | Signals | None) -> tuple[tuple[str, object], ...]:
+    """The signals behind a cause and their grades, without their figures."""
+    return tuple((s.name, s.level) for s in signals_of(cause))

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,12 +20,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 
 from agents.backends import simulated_backends
 from agents.config import parse_config
 from agents.core.device import Device
-from agents.core.health import DeviceHealth, Grade, LinkNotUp, Signal
+from agents.core.health import Cause, DeviceHealth, Grade, LinkNotUp, Signal
 from agents.daemon import Agent
 from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
@@ -90,7 +92,9 @@ class Running:
 
 
 @asynccontextmanager
-async def running(node_file: Path, config: str = HOLD) -> AsyncIterator[Running]:
+async def running(
+    node_file: Path, config: str = HOLD, *, metrics: bool = False
+) -> AsyncIterator[Running]:
     with tempfile.TemporaryDirectory(prefix="na-deg-") as work:  # short: socket paths
         plugin_dir = Path(work) / "plugins"
         kubelet = Kubelet(plugin_dir, seed=1)
@@ -98,7 +102,12 @@ async def running(node_file: Path, config: str = HOLD) -> AsyncIterator[Running]
         stop = asyncio.Event()
         async with simulated_backends(node_file) as backends:
             agent = Agent(
-                parse_config(config, "<test>"), "<test>", plugin_dir, backends, timing=SHORT
+                parse_config(config, "<test>"),
+                "<test>",
+                plugin_dir,
+                backends,
+                timing=SHORT,
+                metrics_address="127.0.0.1:0" if metrics else None,
             )
             await agent.start()
             family = running_family(agent, RoceFamily)
@@ -185,7 +194,7 @@ async def test_counters_climbing_on_the_simulated_node_make_the_nic_degraded(
         edit(node_file, lambda d: d["nics"][4].update(after))
         await async_wait_until(lambda: on.degraded() == {nic}, WAIT, f"NIC 4 Degraded ({signal})")
         cause = on.health(nic).cause
-        assert isinstance(cause, Signal) and cause.name == signal
+        assert isinstance(cause, Signal) and cause.label == signal
         assert on.told(nic) == "Healthy"
 
 
@@ -232,9 +241,11 @@ async def test_a_degraded_nic_whose_link_goes_down_is_unhealthy_then_degraded_ag
             assert on.health(nic).grade is Grade.DEGRADED
 
 
-async def test_another_signal_at_the_same_grade_is_told_and_wakes_the_inventory(
+async def test_new_figures_are_told_and_another_signal_also_wakes_the_inventory(
     node_file: Path,
 ) -> None:
+    """The figures of a fault reach the cluster's consumers as they change; another signal
+    at the same grade also wakes the readers of the inventory (DRA's taint names it)."""
     edit(node_file, lambda d: d["nics"][6].update({"counters": {"symbol_error": 0}}))
     async with running(node_file) as on:
         nic = on.pci(6)
@@ -242,13 +253,18 @@ async def test_another_signal_at_the_same_grade_is_told_and_wakes_the_inventory(
         await async_wait_until(lambda: on.degraded() == {nic}, WAIT, "NIC 6 Degraded")
         inventory = on.family.resources()[0].inventory
         version = inventory.version
+
+        def cause() -> Cause:
+            found = on.health(nic).cause
+            assert found is not None, "NIC 6 Healthy again"
+            return found
+
+        edit(node_file, lambda d: d["nics"][6].update({"counters": {"symbol_error": 150}}))
+        await async_wait_until(lambda: cause().figures()["symbol_error"] == 150, WAIT, "+150")
+        assert inventory.version == version, "new figures of one fault change no slice"
         edit(node_file, lambda d: speeds(d, {6: SLOW}))
-
-        def named() -> str | None:
-            cause = on.health(nic).cause
-            return cause.label if cause is not None else None
-
-        await async_wait_until(lambda: named() == "link-speed", WAIT, "the speed named")
+        both = "link-speed,rdma-errors"
+        await async_wait_until(lambda: cause().label == both, WAIT, "the speed too")
         assert inventory.version > version, "readers of the inventory (DRA) were woken"
         assert on.degraded() == {nic} and on.told(nic) == "Healthy"
 
@@ -279,3 +295,41 @@ async def test_signals_a_node_does_not_offer_are_logged_once_reloads_included(
             await async_wait_until(lambda: on.degraded() == {nic}, WAIT, "NIC 0 Degraded")
             assert sorted(unknown()) == sorted(every)
             assert not on.degraded() - {nic}
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Blocking: every sample of the agent's /metrics, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as reply:
+        text = reply.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_a_degraded_nic_and_the_readings_behind_it_are_scraped(node_file: Path) -> None:
+    edit(node_file, lambda d: speeds(d, {7: SLOW}))
+    async with running(node_file, metrics=True) as on:
+        server = on.agent.metrics_server
+        assert server is not None
+        await asyncio.wait_for(server.bound.wait(), WAIT)
+        slow, well = on.pci(7), on.pci(0)
+
+        def of(device: str, **labels: str) -> frozenset[tuple[str, str]]:
+            return frozenset({"resource": NIC, "device": device, **labels}.items())
+
+        def scraped() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+            return scrape(server.port)
+
+        deadline = time.monotonic() + WAIT
+        while ("node_agent_nic_link_speed_mbps", of(well)) not in (
+            samples := await asyncio.to_thread(scraped)
+        ):
+            assert time.monotonic() < deadline, "no NIC readings scraped"
+            await asyncio.sleep(0.05)  # polled, as async_wait_until does
+        assert samples[("node_agent_device_degraded", of(slow, signal="link-speed"))] == 1
+        assert samples[("node_agent_nic_link_speed_mbps", of(slow))] == SLOW
+        assert samples[("node_agent_nic_link_speed_expected_mbps", of(slow))] == FAST
+        assert samples[("node_agent_nic_link_speed_mbps", of(well))] == FAST
+        assert ("node_agent_device_degraded", of(well, signal="link-speed")) not in samples
