@@ -235,6 +235,8 @@ class Signal(Cause):
         return dict(self.measured)
 
     def taint(self, driver: str) -> Taint:
+        if self.level is Grade.UNHEALTHY:  # row-remap-failed, a recovery action: a fault
+            return _unhealthy(driver, self.name)
         return Taint(DEGRADED_TAINT, self.name)
 
 

@@ -20,7 +20,7 @@ log = structlog.get_logger(__name__)
 
 class RoceKind:
     name = "roce"
-    sections: tuple[str, ...] = ("roce", "pairing", "fabric")
+    sections: tuple[str, ...] = ("roce", "pairing", "fabric", "health")
     pairs_as: str | None = NIC
 
     def discover(self, config: Config, backends: Backends, source: str) -> NicsFound:

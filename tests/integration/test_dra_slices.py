@@ -220,8 +220,9 @@ async def test_without_eviction_an_unhealthy_device_taint_is_noschedule(
     task = await _running(publisher)
     try:
         await async_wait_until(lambda: len(_names(server)) == 2, WAIT, "2 devices")
+        # An Unhealthy signal is a fault: the driver's unhealthy taint, not the Degraded one.
         assert _taints(server, "gpu-1") == [
-            ("node-agents.io/degraded", "row-remap-failed", "NoSchedule")
+            (f"{DRIVER}/unhealthy", "row-remap-failed", "NoSchedule")
         ]
     finally:
         await _stop(task)
