@@ -210,6 +210,9 @@ async def test_a_third_family_is_published_through_dra_with_its_facts(tmp_path: 
                     "model": {"string": "ToyCard 9000"},
                     "firmware": {"version": "1.2.3"},
                     "resource.kubernetes.io/numaNode": {"int": 0},
+                    "node-agents.io/health": {
+                        "string": "Healthy"
+                    },  # every family's, by the runtime
                 }
                 assert card0["capacity"] == {"memory": {"value": "16Gi"}}
 
