@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from agents.config import Config
+from agents.core.gpu_signals import GpuReading
 from agents.core.health import Cause, DeviceHealth, GpuLost, Grade, NvmlError, NvmlHung
 from agents.core.ledger import PairingSide
+from agents.core.readings import gpu_readings
 from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
@@ -241,9 +243,20 @@ class GpuFamily:
         while True:
             began = self._clock()
             present = [g.uuid for g in self.gpus if g.uuid not in self._gone]
-            await self._signals.read(present, self._signal_s)
+            readings = await self._signals.read(present, self._signal_s)
+            self._gauge(readings)
             self._publish(self._clock())
             await asyncio.sleep(max(0.0, self._signal_s - (self._clock() - began)))
+
+    def _gauge(self, readings: Mapping[str, GpuReading]) -> None:
+        """A round's readings, to the always-on gauges: each GPU's under every resource
+        that serves it, labelled with the GPU's UUID."""
+        if self._sink is None:
+            return
+        for resource in self._resources:
+            for uuid in dict.fromkeys(u.gpu_uuid for u in resource.plan.units):
+                if uuid in readings:
+                    self._sink.readings(resource.name, uuid, gpu_readings(readings[uuid]))
 
     async def _events(self) -> None:
         """XID events as NVML delivers them."""

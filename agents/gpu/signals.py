@@ -47,16 +47,17 @@ class GpuSignalWatch:
             self._signals[uuid].reset()
             self._verdicts.pop(uuid, None)
 
-    async def read(self, uuids: Iterable[str], wait_s: float) -> None:
+    async def read(self, uuids: Iterable[str], wait_s: float) -> dict[str, GpuReading]:
         """One round of readings of `uuids` (a GPU whose probe failed keeps its verdict:
-        the status probe tells whether it is lost)."""
+        the status probe tells whether it is lost); the readings this round got."""
         if self._probes is None:
             if not self.active:
-                return
+                return {}
             assert isinstance(self._nvml, GpuProbe)
             self._probes = SignalProbes(self._nvml.probe, "nvml-signals")
         chosen = [u for u in uuids if u in self._signals]
-        for uuid, reading in (await self._probes.readings(chosen, wait_s)).items():
+        readings = await self._probes.readings(chosen, wait_s)
+        for uuid, reading in readings.items():
             verdict = self._signals[uuid].observe(reading)
             for unknown in verdict.unknown:
                 log.info(
@@ -66,6 +67,7 @@ class GpuSignalWatch:
                     reason=unknown.reason,
                 )
             self._verdicts[uuid] = verdict
+        return readings
 
     def cause(self, uuid: str) -> Signal | None:
         """The GPU's signal out of limits (or held), None while all are within them."""

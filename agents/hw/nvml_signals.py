@@ -73,11 +73,13 @@ class SignalReader:
         return None
 
     def _nvlinks(self, handle: object) -> tuple[bool, ...] | None:
-        """Each link's state by index; None without NVLink, or when a link answers oddly
-        (a link that cannot be read must not look down)."""
+        """Each link's state by index, up to the last link NVML describes (it answers
+        INVALID_ARGUMENT for an index past the GPU's links: an H100 has 18 of NVML's 36);
+        None without NVLink, or when a link answers oddly (a link that cannot be read
+        must not look down)."""
         lib = self._lib
         states: list[bool] = []
-        answered = False  # NVML gave a state for some link: the GPU has NVLink
+        answered = 0  # links up to the last NVML gave a state for: the GPU has NVLink
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             try:
                 state = lib.nvmlDeviceGetNvLinkState(handle, link)
@@ -88,9 +90,9 @@ class SignalReader:
                     return None
                 states.append(False)  # no such link
                 continue
-            answered = True
             states.append(state == pynvml.NVML_FEATURE_ENABLED)
-        return tuple(states) if answered else None
+            answered = len(states)
+        return tuple(states[:answered]) if answered else None
 
     def _recovery_action(self, handle: object) -> int | None:
         value = self._lib.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])[0]

@@ -123,7 +123,8 @@ async def test_an_xid_wins_over_a_degraded_signal(tmp_path: Path) -> None:
         await async_wait_until(lambda: _grade(run, uuid)[0] is Grade.DEGRADED, WAIT)
         await run.edit_node(lambda d: d["gpus"][GPU_INDEX]["xids"].append(79))
         await async_wait_until(lambda: _grade(run, uuid) == (Grade.UNHEALTHY, "xid=79"), WAIT)
-        assert run.devices()[uuid] == "Unhealthy"
+        # ListAndWatch carries the change to the kubelet after the family has it.
+        await run.kubelet.wait_until(lambda _: run.devices()[uuid] == "Unhealthy", WAIT)
 
 
 async def test_report_unhealthy_tells_the_kubelet_a_degraded_gpu_is_unhealthy(

@@ -231,6 +231,44 @@ async def test_a_degraded_gpu_published_by_the_agent_is_scraped_with_its_figures
     assert value(metrics, "node_agent_device_signal_figure", **series, figure="width") is None
 
 
+async def test_the_gpu_family_feeds_the_readings_of_each_gpu_to_the_gauges(
+    running: Scrapeable,
+) -> None:
+    """The GPU family's own signal probes reach the always-on gauges: every GPU's link at
+    rest, then one GPU's link narrowed in the node file, with the signal it makes."""
+    gpus = [g.uuid for g in running_family(running.agent, GpuFamily).gpus]
+
+    def reading(metrics: Mapping[str, Metric], name: str, uuid: str) -> float | None:
+        return value(metrics, name, resource=GPU_RESOURCE, device=uuid)
+
+    metrics = await running.metrics_until(
+        lambda m: all(reading(m, "node_agent_gpu_pcie_link_width", u) == 16 for u in gpus),
+        "every GPU's PCIe link width",
+    )
+    for uuid in gpus:
+        assert reading(metrics, "node_agent_gpu_pcie_link_width_max", uuid) == 16
+        assert reading(metrics, "node_agent_gpu_pcie_link_gen", uuid) == 5
+        assert reading(metrics, "node_agent_gpu_hw_slowdown", uuid) == 0
+        assert reading(metrics, "node_agent_gpu_row_remap_pending", uuid) == 0
+
+    doc = yaml.safe_load(running.node_file.read_text())
+    doc["gpus"][2]["pcie"] = {"width": 8, "maxWidth": 16}
+    tmp = running.node_file.with_name(".node.yaml.tmp")
+    tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    tmp.replace(running.node_file)
+    narrow = gpus[2]
+    series = {"resource": GPU_RESOURCE, "device": narrow, "signal": "pcie-width"}
+    metrics = await running.metrics_until(  # within a signal period (5 s) and a scrape
+        lambda m: (
+            reading(m, "node_agent_gpu_pcie_link_width", narrow) == 8
+            and value(m, "node_agent_device_degraded", **series) == 1
+        ),
+        "GPU 2's narrowed link",
+    )
+    assert reading(metrics, "node_agent_gpu_pcie_link_width_max", narrow) == 16
+    assert reading(metrics, "node_agent_gpu_pcie_link_width", gpus[0]) == 16
+
+
 async def test_metric_names_and_help_follow_prometheus_conventions(running: Scrapeable) -> None:
     await running.kubelet.admit(Pod("one", [Container("c", {GPU_RESOURCE: 1})]))
     metrics = await running.metrics()

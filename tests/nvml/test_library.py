@@ -212,19 +212,20 @@ def test_xid_events_reach_registered_sets_once_and_only_after_registration(
 
 def test_nvswitch_links_answer_the_switch_type_and_bus_id(tmp_path: Path) -> None:
     """NVML answers NVML_NVLINK_DEVICE_TYPE_SWITCH (2) and remote bus FFFFFFFF:FF:FF.0
-    for a link that ends at an NVSwitch; a GPU without NVLink answers NOT_SUPPORTED."""
+    for a link that ends at an NVSwitch, INVALID_ARGUMENT (2) for an index past the GPU's
+    links (an H100 has 18); a GPU without NVLink answers NOT_SUPPORTED."""
     out = run(
         from_profile("h100"),
         tmp_path,
         """
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(0)
-        print(n.nvmlDeviceGetNvLinkState(h, 17), n.nvmlDeviceGetNvLinkState(h, 18))
+        print(n.nvmlDeviceGetNvLinkState(h, 17), code(n.nvmlDeviceGetNvLinkState, h, 18))
         print(n.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0))
         print(n.nvmlDeviceGetNvLinkRemotePciInfo(h, 0).busId)
         """,
     )
-    assert out.split() == ["1", "0", "2", "FFFFFFFF:FF:FF.0"]
+    assert out.split() == ["1", "2", "2", "FFFFFFFF:FF:FF.0"]
     out = run(
         from_profile("l40s"),
         tmp_path,

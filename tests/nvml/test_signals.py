@@ -4,7 +4,6 @@ two backends."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -88,7 +87,7 @@ def test_every_signal_reads_through_pynvml(tmp_path: Path) -> None:
         pcie_max_gen=5,
         utilization=90,
         pcie_replays=40,
-        nvlinks=(True,) * 16 + (False,) * 2 + (False,) * 18,
+        nvlinks=(True,) * 16 + (False,) * 2,  # 18 links of NVML's 36
         clock_events=0x49,
         remap_pending=True,
         remap_failed=False,
@@ -179,8 +178,4 @@ def test_the_real_backend_reads_a_simulated_node_as_the_simulated_nvml_does(
     for uuid in uuids:
         want = sim.probe(uuid)
         got = real[uuid]
-        # The library answers for every link index NVML has; the simulator for its own.
-        assert got.nvlinks is not None and want.nvlinks is not None
-        assert got.nvlinks[: len(want.nvlinks)] == want.nvlinks
-        assert not any(got.nvlinks[len(want.nvlinks) :])
-        assert dataclasses.replace(got, nvlinks=None) == dataclasses.replace(want, nvlinks=None)
+        assert got == want

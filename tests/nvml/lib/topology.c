@@ -21,7 +21,9 @@ nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
     if (!any)
         return leave(NVML_ERROR_NOT_SUPPORTED); /* a GPU without NVLink */
     const struct link *k = &g->links[link];
-    *isActive = k->active && !k->down ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    if (!k->active)
+        return leave(NVML_ERROR_INVALID_ARGUMENT); /* past the GPU's links, as NVML answers */
+    *isActive = k->down ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
     return leave(NVML_SUCCESS);
 }
 
