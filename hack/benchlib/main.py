@@ -19,6 +19,7 @@ from agents.sim.bundled import DEMO_NODE, bundled_node
 from hack.benchlib import (
     apiserver,
     busy,
+    degraded,
     dra,
     fabric,
     faults,
@@ -135,6 +136,16 @@ def run(
     return figures
 
 
+def degraded_run(
+    quick: bool, progress: Callable[[str], None], idle_s: float | None
+) -> list[Figure]:
+    cost_s = idle_s if idle_s is not None else 60.0 if quick else 180.0
+    with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
+        return asyncio.run(
+            degraded.degraded_figures(Path(tmp), 2 if quick else 5, cost_s, progress)
+        )
+
+
 def floor_figures(
     quick: bool, progress: Callable[[str], None], idle_s: float | None, rounds: int | None
 ) -> tuple[list[Figure], str]:
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor"],
+        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor", "degraded"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
         "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
@@ -166,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         "fabric: an LLDP frame on a veth -> the leaf group in the feature file, and 1,000 "
         "malformed frames; floor: the agent beside a no-op grpc.aio device plugin, and "
         "beside NVIDIA's plugin, on the simulated node and, with MOCK_NVML_DIR, on NVIDIA's "
-        "mock NVML; NVIDIA_DEVICE_PLUGIN names NVIDIA's binary)",
+        "mock NVML; NVIDIA_DEVICE_PLUGIN names NVIDIA's binary; degraded: each degraded-device "
+        "signal injected -> GetPreferredAllocation, the DRA health attribute and the Event, "
+        "and back after holdS; idle CPU with every signal probed beside the commit before "
+        "them, --idle-s long, default 180 s, 60 s with --quick)",
     )
     parser.add_argument(
         "--rounds", type=int, help="--only floor: rounds of every process (default 3, 1 quick)"
@@ -186,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     side = ""
     if args.only == "floor":
         figures, side = floor_figures(args.quick, progress, args.idle_s, args.rounds)
+    elif args.only == "degraded":
+        figures = degraded_run(args.quick, progress, args.idle_s)
     else:
         figures = run(args.quick, progress, args.only, args.idle_s)
     info = machine()
