@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         figures, side = floor_figures(args.quick, progress, args.idle_s, args.rounds)
     elif args.only == "degraded":
         figures = degraded_run(args.quick, progress, args.idle_s)
+        side = "p50 / max in seconds\n\n" + degraded.per_signal(figures)
     else:
         figures = run(args.quick, progress, args.only, args.idle_s)
     info = machine()
