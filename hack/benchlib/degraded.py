@@ -552,7 +552,8 @@ async def _cost(work: Path, tree: Path, commit: str, idle_s: float) -> list[Figu
             "idle CPU, reference agent",
             ref_pct,
             "%",
-            f"commit {commit} (before the signals), {DEMO_NODE} (8 GPUs, 8 NICs), "
+            f"{ref_pct:.3f} %, commit {commit} (before the signals), {DEMO_NODE} (8 GPUs, "
+            f"8 NICs), "
             f"utime+stime over {window:.0f} s (clock tick 10 ms), both agents at rest in "
             f"the same window, each under a kubelet stand-in; load average "
             f"{load[0]:.2f} -> {load[1]:.2f}",
@@ -563,7 +564,8 @@ async def _cost(work: Path, tree: Path, commit: str, idle_s: float) -> list[Figu
             "%",
             f"<= {limit:.2f} %",
             new_pct <= limit,
-            f"this tree, the same node with every signal's field present and within limits "
+            f"{new_pct:.3f} % (+{new_pct - ref_pct:.3f} point), this tree, the same node with "
+            f"every signal's field present and within limits "
             f"(8 GPU and 3 NIC signals per device); target: the reference + "
             f"{IDLE_EXTRA_POINTS:g} point",
         ),
