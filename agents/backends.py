@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agents.hw.lldp import NeighbourSource
-from agents.hw.netlink import LinkMonitor
+from agents.errors import BackendError
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 
 if TYPE_CHECKING:
+    from agents.hw.lldp import NeighbourSource
+    from agents.hw.netlink import LinkMonitor, LinkState
     from agents.sim.simnode import SimulatedNode
 
 MEMORY_TMP = Path("/dev/shm")  # tmpfs wherever POSIX shared memory works
@@ -33,12 +34,50 @@ class Backends:
     lldp: NeighbourSource | None = None  # None: no LLDP is listened to
 
 
+class LinksOnFirstUse:
+    """A LinkMonitor opened when a link is first asked about: a node whose families read
+    no link (GPUs alone) keeps no netlink socket, and no link change on the host (a pod's
+    veth coming or going) wakes its event loop."""
+
+    def __init__(self, opener: Callable[[], LinkMonitor] | None = None) -> None:
+        self._opener = opener or _netlink_monitor
+        self._monitor: LinkMonitor | None = None
+        self._closed = False
+
+    @property
+    def opened(self) -> bool:
+        return self._monitor is not None
+
+    def state(self, ifname: str) -> LinkState:
+        return self._opened().state(ifname)
+
+    async def next_change(self, timeout_s: float) -> bool:
+        return await self._opened().next_change(timeout_s)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._monitor is not None:
+            self._monitor.close()
+
+    def _opened(self) -> LinkMonitor:
+        if self._closed:
+            raise BackendError("netlink monitor is closed")
+        if self._monitor is None:
+            self._monitor = self._opener()
+        return self._monitor
+
+
+def _netlink_monitor() -> LinkMonitor:
+    from agents.hw.netlink import NetlinkMonitor
+
+    return NetlinkMonitor()
+
+
 def real_backends() -> Backends:
     from agents.hw.lldp_listener import LldpListener
-    from agents.hw.netlink import NetlinkMonitor
     from agents.hw.nvml_backend import NvmlBackend
 
-    return Backends(NvmlBackend(), Sysfs(), NetlinkMonitor(), lldp=LldpListener())
+    return Backends(NvmlBackend(), Sysfs(), LinksOnFirstUse(), lldp=LldpListener())
 
 
 def sim_root_parent() -> str | None:

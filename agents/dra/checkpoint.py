@@ -3,7 +3,6 @@ enough to answer a repeated prepare alike and to write the claims' CDI specs aga
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -116,6 +115,10 @@ def decode(text: bytes, where: Path) -> dict[str, PreparedClaim]:
 
 
 def _checksum(data: Any) -> str:
+    # Imported here: hashlib brings OpenSSL's libcrypto in, and device-plugin mode loads
+    # this module only to learn the checkpoint's file name.
+    import hashlib
+
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -89,6 +89,7 @@ class NvmlBackend:
         if uuid in self._lost:
             self._lost.discard(uuid)
             self._events.stale = True  # a reset GPU needs its events registered again
+            self._signals.forget(uuid)
         return GpuStatus(lost=False, xids=self._ecc_xids(uuid, handle))
 
     def probe(self, uuid: str) -> GpuReading:
@@ -97,7 +98,7 @@ class NvmlBackend:
             raise BackendError("NVML probe: not initialised")
         with translated(f"probe of {uuid}"):
             handle = self._handle(uuid)
-        return self._signals.reading(handle)
+        return self._signals.reading(handle, uuid)
 
     def _handle(self, uuid: str) -> Any:
         """The handle listed for this GPU: a lookup by UUID searches the GPUs in turn and

@@ -24,10 +24,19 @@ class SignalReader:
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
+        # Each GPU's link indices that answered "no such link" in a full read: not asked
+        # again until forget() (a reset). Of NVML_NVLINK_MAX_LINKS (36) an H100 has 18
+        # and an L40S none: each round cost 18 or 36 refused calls a GPU, each raised and
+        # caught in Python.
+        self._absent_links: dict[str, frozenset[int]] = {}
 
-    def reading(self, handle: object) -> GpuReading:
-        """Blocking: every signal's query of the GPU behind `handle`. BackendError when
-        NVML says the GPU is lost (the probe means nothing then)."""
+    def forget(self, uuid: str) -> None:
+        """The GPU was reset: ask it about every link again."""
+        self._absent_links.pop(uuid, None)
+
+    def reading(self, handle: object, uuid: str) -> GpuReading:
+        """Blocking: every signal's query of the GPU `uuid` behind `handle`. BackendError
+        when NVML says the GPU is lost (the probe means nothing then)."""
         lib = self._lib
         remapped = self._ask(lambda: tuple(lib.nvmlDeviceGetRemappedRows(handle)))
         return GpuReading(
@@ -40,7 +49,7 @@ class SignalReader:
             ),
             utilization=self._ask(lambda: int(lib.nvmlDeviceGetUtilizationRates(handle).gpu)),
             pcie_replays=self._ask(lambda: int(lib.nvmlDeviceGetPcieReplayCounter(handle))),
-            nvlinks=self._nvlinks(handle),
+            nvlinks=self._nvlinks(handle, uuid),
             clock_events=self._first(
                 lambda: int(lib.nvmlDeviceGetCurrentClocksEventReasons(handle)),
                 lambda: int(lib.nvmlDeviceGetCurrentClocksThrottleReasons(handle)),
@@ -72,15 +81,20 @@ class SignalReader:
                 return value
         return None
 
-    def _nvlinks(self, handle: object) -> tuple[bool, ...] | None:
+    def _nvlinks(self, handle: object, uuid: str) -> tuple[bool, ...] | None:
         """Each link's state by index, up to the last link NVML describes (it answers
-        INVALID_ARGUMENT for an index past the GPU's links: an H100 has 18 of NVML's 36);
-        None without NVLink, or when a link answers oddly (a link that cannot be read
-        must not look down)."""
+        INVALID_ARGUMENT for an index past the GPU's links: an H100 has 18 of NVML's 36,
+        asked once a GPU, until its reset); None without NVLink, or when a link answers
+        oddly (a link that cannot be read must not look down)."""
         lib = self._lib
+        known = self._absent_links.get(uuid)
+        absent: set[int] = set()
         states: list[bool] = []
         answered = 0  # links up to the last NVML gave a state for: the GPU has NVLink
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            if known is not None and link in known:
+                states.append(False)  # no such link
+                continue
             try:
                 state = lib.nvmlDeviceGetNvLinkState(handle, link)
             except ODD_ANSWERS as exc:
@@ -88,10 +102,13 @@ class SignalReader:
                     raise BackendError(f"NVML probe: {exc}") from exc
                 if code(exc) not in _NO_SUCH_LINK:
                     return None
+                absent.add(link)
                 states.append(False)  # no such link
                 continue
             states.append(state == pynvml.NVML_FEATURE_ENABLED)
             answered = len(states)
+        if known is None:
+            self._absent_links[uuid] = frozenset(absent)
         return tuple(states[:answered]) if answered else None
 
     def _recovery_action(self, handle: object) -> int | None:

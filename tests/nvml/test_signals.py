@@ -179,3 +179,45 @@ def test_the_real_backend_reads_a_simulated_node_as_the_simulated_nvml_does(
         want = sim.probe(uuid)
         got = real[uuid]
         assert got == want
+
+
+TWICE = """
+import dataclasses, json, os, sys
+from agents.hw.nvml_backend import NvmlBackend
+nvml = NvmlBackend()
+nvml.init()
+gpus = nvml.gpus()
+first = {g.uuid: dataclasses.asdict(nvml.probe(g.uuid)) for g in gpus}
+os.replace(sys.argv[1], os.environ["NODE_AGENT_NVML_STATE"])
+second = {g.uuid: dataclasses.asdict(nvml.probe(g.uuid)) for g in gpus}
+print(json.dumps([first, second]))
+"""
+
+
+@pytest.mark.parametrize("profile", ["h100", "l40s"])
+def test_links_a_gpu_lacks_stay_absent_and_its_own_links_are_read_every_round(
+    profile: str, tmp_path: Path
+) -> None:
+    """The links that answered "no such link" are not asked again (docs/benchmarks.md):
+    the second round reads as a full one would, a link gone down included."""
+    node, later = from_profile(profile), from_profile(profile)
+    later.gpus[0].signals.links_down = 2
+    node.write(tmp_path / "state")
+    later.write(tmp_path / "later")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(TWICE), str(tmp_path / "later")],
+        env=nvml_env(tmp_path / "state"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second = json.loads(done.stdout.splitlines()[-1])
+    uuid, other = node.gpus[0].uuid, node.gpus[1].uuid
+    assert second[other]["nvlinks"] == first[other]["nvlinks"]
+    if first[uuid]["nvlinks"] is None:  # no NVLink: none appears
+        assert second[uuid]["nvlinks"] is None
+        return
+    was, now = first[uuid]["nvlinks"], second[uuid]["nvlinks"]
+    assert len(now) == len(was) and sum(now) == sum(was) - 2

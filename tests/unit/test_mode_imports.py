@@ -1,7 +1,8 @@
 """A mode loads only what it uses: device-plugin mode with the GPU family alone, started
 as `node-agent run` starts it, loads neither DRA's wire (its gRPC stubs, its driver
-server), nor the API server's HTTP client, nor metrics, nor the RoCE family; they cost
-memory and start-up time in every process that never uses them (docs/benchmarks.md)."""
+server), nor the API server's HTTP client, nor metrics, nor the RoCE family, nor the
+netlink link monitor, nor hashlib (OpenSSL's libcrypto); they cost memory and start-up
+time in every process that never uses them (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ NOT_IN_DEVICE_PLUGIN_MODE = (
     "agents.cluster.client",
     "agents.metrics",
     "agents.roce.family",
+    "agents.hw.netlink",
+    "agents.hw.rtnetlink",
+    "hashlib",
 )
 
 
