@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PLUGIN_DIR_ENV = "NODE_AGENT_DEVICE_PLUGIN_DIR"
+POD_RESOURCES_ENV = "NODE_AGENT_POD_RESOURCES_SOCKET"
 API_ENV = "NODE_AGENT_API"
 CONFIG_DIR_ENV = "NODE_AGENT_CONFIG_DIR"
 CONFIG_DEFAULT_ENV = "NODE_AGENT_CONFIG_DEFAULT"
@@ -135,9 +136,9 @@ def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
         "--pod-resources-socket",
         type=Path,
         metavar="PATH",
-        default=Path(DEFAULT_POD_RESOURCES_SOCKET),
+        default=Path(os.environ.get(POD_RESOURCES_ENV, DEFAULT_POD_RESOURCES_SOCKET)),
         help="the kubelet's pod-resources socket, used for pairing when it answers "
-        f"(default {DEFAULT_POD_RESOURCES_SOCKET})",
+        f"(env {POD_RESOURCES_ENV}; default {DEFAULT_POD_RESOURCES_SOCKET})",
     )
     _cluster_flags(run)
     _api_flags(run, _apis(apis))

@@ -15,6 +15,11 @@ from agents.standin.kubelet import Kubelet
 # tests/e2e needs a real cluster (KUBECONFIG): hack/e2e runs it, on its own.
 collect_ignore = [] if os.environ.get("NODE_AGENT_E2E") == "1" else ["e2e"]
 
+# An agent the suite starts as a process never asks the host's own kubelet: a kubelet
+# running on this machine (a lab) would answer pod-resources with pods of its own. A test
+# that wants pod-resources passes --pod-resources-socket, which wins over this.
+os.environ.setdefault("NODE_AGENT_POD_RESOURCES_SOCKET", "/nonexistent/pod-resources.sock")
+
 
 @pytest.fixture
 def plugin_dir() -> Iterator[Path]:
