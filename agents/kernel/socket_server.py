@@ -1,14 +1,22 @@
 """One gRPC server on one unix socket, the way the kubelet's sockets want it: a stale
-socket removed, mode 0600 from the bind on, `start()` returning only once the socket
+socket replaced, mode 0600 from the bind on, `start()` returning only once the socket
 answers, `stop()` safe twice; and `keep_serving`, which serves again on a fresh socket
 when someone deletes ours (a starting kubelet cleans its directories), noticed by inotify.
-Both runtimes create their sockets here and nowhere else."""
+Both runtimes create their sockets here and nowhere else.
+
+gRPC unlinks the path it bound when its server shuts down. A server that bound the
+socket's own path would so remove the socket of whoever serves there next (our own
+restart, a new agent starting beside the old one), and each removal would restart the
+next. So every server binds a hidden name of its own in the same directory (the kubelet's
+plugin watcher skips dot-files) and renames it into place: gRPC's unlink then only ever
+finds its own name gone."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -62,21 +70,23 @@ class UnixServer:
 
     async def _serve_once(self) -> bool:
         """Bind, serve and probe once; False (and nothing served) if the socket vanished."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        # Ours alone, and no longer than the path itself (a socket path fits 107 bytes).
+        hidden = secrets.token_hex(4)[: max(len(self.path.name) - 1, 6)]
+        bound = self.path.with_name(f".{hidden}")
         server = grpc.aio.server()
         self._servicers(server)
         # Created 0600 from the first instant: the umask covers the bind itself.
         old_umask = os.umask(0o177)
         try:
-            server.add_insecure_port(f"unix://{self.path}")
+            server.add_insecure_port(f"unix://{bound}")
         finally:
             os.umask(old_umask)
         await server.start()
         self._server = server
         try:
-            os.chmod(self.path, 0o600)
-            self._inode = os.stat(self.path).st_ino
+            os.chmod(bound, 0o600)
+            self._inode = os.stat(bound).st_ino
+            os.replace(bound, self.path)  # a stale socket at the path replaced at once
             await self._wait_answering()
         except (FileNotFoundError, TimeoutError):
             if self.present():

@@ -100,3 +100,24 @@ async def test_a_deleted_socket_is_served_again(tmp_path: Path) -> None:
         keeping.cancel()
         await asyncio.gather(keeping, return_exceptions=True)
         await kept.server.stop()
+
+
+async def test_a_server_that_stops_spares_the_socket_its_successor_serves_on_the_same_path(
+    tmp_path: Path,
+) -> None:
+    """gRPC unlinks the path it bound when its server shuts down, late and on a thread of
+    its own; a successor on the same path (a restart, a new agent beside the old one) must
+    not lose its socket to that: each server binds a name of its own and renames it in."""
+    path = tmp_path / "s.sock"
+    old = UnixServer(path, _add)
+    await old.start()
+    new = UnixServer(path, _add)
+    await new.start()  # replaces the old one's socket file, as a new agent does
+    await old.stop()
+    try:
+        assert new.present(), "the old server's teardown removed its successor's socket"
+        assert await _name(path) == "socket-server"
+        assert os.listdir(tmp_path) == ["s.sock"]  # no name of its own left behind
+    finally:
+        await new.stop()
+    assert os.listdir(tmp_path) == []
