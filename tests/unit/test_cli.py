@@ -50,11 +50,18 @@ def test_every_flag_of_every_command_has_help() -> None:
             assert action.help, f"node-agent {name} {action.option_strings or action.dest}"
 
 
-def test_pod_resources_socket_defaults_to_the_kubelets_and_can_be_set() -> None:
+def test_pod_resources_socket_defaults_to_the_kubelets_and_can_be_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NODE_AGENT_POD_RESOURCES_SOCKET")  # tests/conftest.py sets it
     assert parse_args(["run"]).pod_resources_socket == Path(DEFAULT_POD_RESOURCES_SOCKET)
     assert DEFAULT_POD_RESOURCES_SOCKET == "/var/lib/kubelet/pod-resources/kubelet.sock"
     opts = parse_args(["run", "--pod-resources-socket", "/run/pr.sock"])
     assert opts.pod_resources_socket == Path("/run/pr.sock")
+    monkeypatch.setenv("NODE_AGENT_POD_RESOURCES_SOCKET", "/run/env.sock")
+    assert parse_args(["run"]).pod_resources_socket == Path("/run/env.sock")
+    opts = parse_args(["run", "--pod-resources-socket", "/run/pr.sock"])
+    assert opts.pod_resources_socket == Path("/run/pr.sock")  # the flag wins
 
 
 def test_kubeconfig_and_node_name_flags_are_read() -> None:
