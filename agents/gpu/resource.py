@@ -102,7 +102,7 @@ class GpuResource:
             if u.gpu_uuid in grades
         )
         if changed and self.pairing is not None:
-            self.pairing.graded([d.id for d in self._inventory.devices if d.degraded])
+            self.pairing.graded(self._inventory.degraded())
         return changed
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
@@ -146,7 +146,7 @@ class GpuResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         """The best `size` devices; Degraded ones only where Healthy ones are too few."""
-        degraded = self.degraded(available)
+        degraded = self._inventory.degraded(available)
         if self.pairing is not None and self.whole_gpus and not self.plan.replicated:
             expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
             costs = self._costs()
@@ -163,11 +163,6 @@ class GpuResource:
         expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
         costs = self._costs()
         return gpu_choice.choose(available, must_include, size, costs, expired=expired)
-
-    def degraded(self, ids: Sequence[str]) -> frozenset[str]:
-        """Which of `ids` are Degraded."""
-        found = (self._inventory.get(i) for i in ids)
-        return frozenset(d.id for d in found if d is not None and d.degraded)
 
     def _costs(self) -> PairCosts:
         """NVLinks, then PCIe distance, as one cost per pair of units (lower is better);

@@ -27,6 +27,13 @@ class Inventory(Versioned):
     def get(self, device_id: str) -> Device | None:
         return self._by_id.get(device_id)
 
+    def degraded(self, ids: Iterable[str] | None = None) -> frozenset[str]:
+        """Which of `ids` (default: every device) are Degraded; unknown IDs are not."""
+        if ids is None:
+            return frozenset(d.id for d in self._devices if d.degraded)
+        found = (self._by_id.get(i) for i in ids)
+        return frozenset(d.id for d in found if d is not None and d.degraded)
+
     def ids(self) -> KeysView[str]:
         """Every device ID, as a set-like view (membership tests of whole requests at once)."""
         return self._by_id.keys()

@@ -66,7 +66,7 @@ class RoceResource:
             for n in nics
         )
         if changed and self.pairing is not None:
-            self.pairing.graded([d.id for d in self._inventory.devices if d.degraded])
+            self.pairing.graded(self._inventory.degraded())
         return changed
 
     def set_health(self, health: Mapping[str, Grade]) -> bool:
@@ -99,8 +99,7 @@ class RoceResource:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         """The best `size` NICs; Degraded ones only where Healthy ones are too few."""
-        found = (self._inventory.get(i) for i in available)
-        degraded = frozenset(d.id for d in found if d is not None and d.degraded)
+        degraded = self._inventory.degraded(available)
         if self.pairing is not None:
             expired = budget.deadline(self._clock, budget.PREFERRED_ALLOCATION_S)
             costs = self._costs()
