@@ -37,7 +37,7 @@ from hack.benchlib.dra import GPU as DRA_GPU
 from hack.benchlib.dra import NIC as DRA_NIC
 from hack.benchlib.dra import NODE as DRA_NODE
 from hack.benchlib.dra import Bench
-from hack.benchlib.figures import Figure, info
+from hack.benchlib.figures import Figure, info, markdown
 from hack.benchlib.nodes import write_yaml
 
 Obj = dict[str, Any]
@@ -441,13 +441,7 @@ def per_signal(figures: list[Figure]) -> str:
         rows.append(
             [s.name, f"{s.bound_s:g} s", *effects, cell(f"{s.name} restored -> Healthy everywhere")]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in rows
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown(rows)
 
 
 def _effect(effect: str, s: Signal) -> str:

@@ -49,18 +49,24 @@ def skipped(name: str, target: str, note: str) -> Figure:
     return Figure(name, None, "", target, None, note)
 
 
-def table(figures: Sequence[Figure]) -> str:
-    """A Markdown table: it reads in a terminal and renders in the README."""
-    rows = [("figure", "value", "target", "result")]
-    rows += [(f.name, f.shown, f.target, f.verdict) for f in figures]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+def markdown(rows: Sequence[Sequence[str]]) -> str:
+    """`rows` (the first the header) as a Markdown table with padded columns: it reads in
+    a terminal and renders in the README."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
         for row in rows
     ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def table(figures: Sequence[Figure]) -> str:
+    """The figures with their targets and verdicts, and their notes below."""
+    rows = [("figure", "value", "target", "result")]
+    rows += [(f.name, f.shown, f.target, f.verdict) for f in figures]
     notes = [f"- {f.name}: {f.note}" for f in figures if f.note]
-    return "\n".join(lines + (["", *notes] if notes else []))
+    return "\n".join([markdown(rows), *(["", *notes] if notes else [])])
 
 
 def as_json(figures: Sequence[Figure], machine: dict[str, str]) -> str:

@@ -36,7 +36,7 @@ from hack.benchlib.agent import (
     proc_cpu_seconds,
     timed_each,
 )
-from hack.benchlib.figures import Figure
+from hack.benchlib.figures import Figure, markdown
 from hack.benchlib.nodes import generate_node, write_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -404,13 +404,7 @@ def side_by_side(results: dict[str, list[Measured]]) -> str:
     rows.append(["start -> registered", *(cell(lb, "register_s", "{:.2f} s") for lb in labels)])
     rows.append(["XID 79 -> Unhealthy", *(xid(lb) for lb in labels)])
     rows.append(["idle CPU", *(cell(lb, "idle_pct", "{:.2f} %") for lb in labels)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in rows
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
+    return markdown(rows)
 
 
 def _check(name: str, value: float | None, unit: str, limit: float, note: str = "") -> Figure:
