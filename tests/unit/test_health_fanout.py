@@ -5,8 +5,6 @@ the metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from structlog.testing import capture_logs
 
 from agents.core.degraded import SignalVerdict
@@ -22,23 +20,15 @@ from agents.core.health import (
     signal_cause,
 )
 from agents.health import HealthFanout
+from agents.kernel.telemetry import NoTelemetry
 
 
-class Counted:
+class Counted(NoTelemetry):
     """Telemetry that keeps each health event's resource and metrics reason."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
         self.states: list[DeviceHealth] = []
-
-    def rpc_done(self, resource: str, method: str, seconds: float, code: str) -> None:
-        pass
-
-    def allocated(self, resource: str, devices: int) -> None:
-        pass
-
-    def registered(self, resource: str) -> None:
-        pass
 
     def health_event(self, change: DeviceHealth) -> None:
         cause = change.cause
@@ -46,9 +36,6 @@ class Counted:
 
     def device_health(self, state: DeviceHealth) -> None:
         self.states.append(state)
-
-    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
-        pass
 
 
 def gpu(cause: Cause | None = None) -> DeviceHealth:
