@@ -14,12 +14,16 @@ PROBE_INTERVAL_S = 1.0  # GPUs that fall off the bus without an event are seen w
 # an idle agent's CPU time.
 PORT_POLL_S = 5.0
 FLAP_HOLD_S = 2.0  # after a reported change, later flaps of that NIC wait this long
+# An event wait ends early with news (an XID, a GPU lost): its length only bounds how long a
+# hung wait goes unlogged, and each wait that runs out wakes the event loop for nothing.
+EVENT_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
 class Timing:
     gpu_hold_s: float = HOLD_S  # NVML answers normally this long before a GPU is Healthy
     gpu_probe_s: float = PROBE_INTERVAL_S  # NVML is asked about every GPU this often
+    gpu_event_wait_s: float = EVENT_WAIT_S  # one wait for NVML events, when none arrives
     nic_flap_hold_s: float = FLAP_HOLD_S
     nic_port_poll_s: float = PORT_POLL_S
     signal_probe_s: float = SIGNAL_PROBE_S  # degraded-device signals read this often

@@ -11,7 +11,12 @@ from agents.cli import main
 from agents.timing import Timing
 
 SHORT = Timing(
-    gpu_hold_s=0.3, gpu_probe_s=0.2, nic_flap_hold_s=0.2, nic_port_poll_s=0.5, signal_probe_s=0.2
+    gpu_hold_s=0.3,
+    gpu_probe_s=0.2,
+    gpu_event_wait_s=1.0,
+    nic_flap_hold_s=0.2,
+    nic_port_poll_s=0.5,
+    signal_probe_s=0.2,
 )
 # The arguments of sys.executable that start `node-agent`, on production's times or SHORT
 AGENT = ("-m", "agents.cli")

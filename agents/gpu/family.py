@@ -77,6 +77,7 @@ class GpuFamily:
             )
         )
         self._probe_s = timing.gpu_probe_s
+        self._event_wait_s = timing.gpu_event_wait_s
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
         self._signal_s = timing.signal_probe_s
         self._signals = GpuSignalWatch(
@@ -271,18 +272,18 @@ class GpuFamily:
             now = self._clock()
             for event in events:
                 self._xid(event, now)
-            if events or now - began < self._probe_s - EARLY_S:  # woken before its time
+            if events or now - began < self._event_wait_s - EARLY_S:  # woken before its time
                 self._publish(now)
                 self._kick.set()  # something changed: probe now rather than at the tick
 
     async def _next_events(self) -> list[XidEvent]:
         """One event wait; one that outlives its timeout by far is logged, once."""
-        waiting = asyncio.ensure_future(self._nvml.next_events(self._probe_s))
+        waiting = asyncio.ensure_future(self._nvml.next_events(self._event_wait_s))
         try:
-            async with asyncio.timeout(self._probe_s + EVENT_WAIT_SLACK_S):
+            async with asyncio.timeout(self._event_wait_s + EVENT_WAIT_SLACK_S):
                 return await asyncio.shield(waiting)
         except TimeoutError:
-            log.warning("nvml_event_wait_slow", waited_s=self._probe_s + EVENT_WAIT_SLACK_S)
+            log.warning("nvml_event_wait_slow", waited_s=self._event_wait_s + EVENT_WAIT_SLACK_S)
             return await waiting
         finally:
             waiting.cancel()

@@ -1,13 +1,17 @@
-"""NVML's event set for every GPU, waited on by one long-lived daemon thread that hands
-what arrives to the event loop: an idle agent waits for XIDs without starting threads.
-Between two waits the thread touches each GPU, so that a GPU that falls off the bus wakes
-the waiter at once also where NVML tells of it only at the next call about it."""
+"""NVML's event set for every GPU, read by one long-lived daemon thread that hands what
+arrives to the event loop: an idle agent looks for XIDs without starting threads.
+
+The thread looks every 200 ms: it touches each GPU, then takes the events that are
+there, without waiting in NVML. A wait inside NVML costs nothing on a real driver, but a
+library with a runtime of its own (NVIDIA's mock NVML, in Go) waits by polling in its own
+threads, which then cost more CPU than the touches; and that mock trips an injected
+fault only at a call about the GPU. So an event is seen within one pause on both, and a
+GPU that falls off the bus without an event wakes the waiter just as soon."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import threading
 import time
 from collections import deque
@@ -26,7 +30,8 @@ WANTED_EVENTS = (
     | pynvml.nvmlEventTypeDoubleBitEccError
     | pynvml.nvmlEventTypeSingleBitEccError
 )
-_WAIT_SLICE_MS = 200  # bounds how long close() waits, and how late a silent loss is seen
+_PAUSE_S = 0.2  # between two looks: bounds how late an event or a silent loss is seen
+_HUNG_S = 0.4  # one NVML call of the thread this long: the waiter waits for it
 _RETRY_S = 1.0  # after a failed wait, before the next one
 _DRAIN_MAX = 64
 _PENDING_MAX = 1024  # events nobody has asked for yet: the oldest go first
@@ -36,18 +41,17 @@ _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 class NvmlEvents:
     """The event set and its thread, started by the first wait(), ended by close().
 
-    The thread waits in slices, holding `_lock` for one slice at a time, so that close()
+    The thread looks in slices, holding `_lock` for one slice at a time, so that close()
     can free the set between two slices; a slice that hangs in the driver holds up no
     coroutine, only close(), and that for a bounded time.
 
-    A slice that brings no event ends with nvmlDeviceGetMemoryInfo on each GPU registered
-    (the status probe's call; NVIDIA's mock NVML trips an injected fault only at such a
-    call): a GPU that answers GPU_IS_LOST wakes the waiter with no event, once. The event
-    loop is woken only for a loss. The touch is made by this thread, not one of its own:
-    over a library that runs its own runtime (the mock's Go), calls from a second thread
-    cost several times more CPU. So a touch hung in the driver holds up the events of the
-    other GPUs until it returns, as a hung wait does; the status probe, on threads it can
-    abandon, still judges every GPU."""
+    A slice is nvmlDeviceGetMemoryInfo on each GPU registered (the status probe's call):
+    a GPU that answers GPU_IS_LOST wakes the waiter, once, with or without an event; then
+    the events NVML holds, taken with a zero timeout. The event loop is woken only with
+    news. The touch is made by this thread, not one of its own: over the mock's Go
+    runtime, calls from a second thread cost several times more CPU. So a touch hung in
+    the driver holds up the events of the other GPUs until it returns, as a hung wait
+    does; the status probe, on threads it can abandon, still judges every GPU."""
 
     def __init__(self, lib: Any, known: set[str]) -> None:
         self._lib = lib
@@ -63,7 +67,7 @@ class NvmlEvents:
         self._lost_news = False  # a touch found a GPU lost: the waiter is to look now
         self._touchable: tuple[tuple[int, Any], ...] = ()  # (index, handle) registered
         self._told_lost: set[int] = set()  # GPU indices a touch found lost, told once
-        self._waiter: tuple[asyncio.Future[None], float] | None = None  # and its deadline
+        self._waiter: asyncio.Future[None] | None = None  # woken by the thread with news
         self._stop: threading.Event | None = None  # the running thread's; None: none runs
         self._calling_since: float | None = None  # when the thread's NVML wait began
 
@@ -81,17 +85,17 @@ class NvmlEvents:
             news = bool(self._pending) or self._error is not None or self._lost_news
             self._lost_news = False
             if not news:
-                self._waiter = (waiter, time.monotonic() + max(timeout_s, 0.0))
+                self._waiter = waiter
         if not news:
             try:
-                # The thread wakes the waiter with news, or at its deadline; the timer
-                # keeps a short timeout short while a slice begun earlier runs on.
+                # The thread wakes the waiter with news; the loop's timer ends the wait
+                # without any (the thread keeps no clock of the waiter's).
                 await asyncio.wait({waiter}, timeout=timeout_s)
                 if not waiter.done() and self._hung():
                     await waiter  # until the call returns, as long as NVML hangs
             finally:
                 with self._mutex:
-                    if self._waiter is not None and self._waiter[0] is waiter:
+                    if self._waiter is waiter:
                         self._waiter = None
         with self._mutex:
             raw = list(self._pending)
@@ -106,7 +110,7 @@ class NvmlEvents:
     def _hung(self) -> bool:
         """The thread is in one NVML call for far longer than a slice."""
         since = self._calling_since
-        return since is not None and time.monotonic() - since > 2 * _WAIT_SLICE_MS / 1000
+        return since is not None and time.monotonic() - since > _HUNG_S
 
     def _uuid(self, handle: Any) -> str | None:
         uuid = self._uuids.get(handle_key(handle))
@@ -141,11 +145,17 @@ class NvmlEvents:
                 self._hand([], error)
                 stop.wait(_RETRY_S)
                 continue
-            self._hand(raw, None, lost=lost)
-        self._hand([], None, wake=True)  # closed: nobody waits on a thread that has ended
+            if raw or lost:
+                self._hand(raw, None, lost=lost)
+            else:
+                # A plain sleep: close() never waits for it (it takes `_lock`, which no
+                # pause holds), and it costs less than waiting on `stop`.
+                time.sleep(_PAUSE_S)
+        self._hand([], None)  # closed: nobody waits on a thread that has ended
 
     def _slice(self, stop: threading.Event) -> tuple[list[tuple[str | None, Any]], bool]:
-        """The events of one slice; without any, whether a touch found a GPU lost."""
+        """The events that are there now, after a touch of every GPU; whether a touch
+        found a GPU lost."""
         with self._lock, translated("waiting for events"):
             if stop.is_set():
                 return [], False
@@ -153,43 +163,27 @@ class NvmlEvents:
             if self.stale or self._event_set is None:
                 self._free()
                 lost = self._create()
-            with self._mutex:
-                deadline = self._waiter[1] if self._waiter is not None else None
-            timeout_ms = _WAIT_SLICE_MS
-            if deadline is not None:
-                left_ms = math.ceil((deadline - time.monotonic()) * 1000)
-                timeout_ms = max(0, min(timeout_ms, left_ms))
-            first = self._wait_one(timeout_ms, stop)
-            if first is None:
-                return [], lost or (not stop.is_set() and self._touch())
-            raw = [first, *self._drain(stop)]
+            lost = self._touch() or lost
+            raw = self._drain(stop)
             return [(self._uuid(data.device), data) for data in raw], lost
 
     def _hand(
         self,
         raw: list[tuple[str | None, Any]],
         error: BackendError | None,
-        wake: bool = False,
         lost: bool = False,
     ) -> None:
-        """Keep what the slice brought; wake the waiter when there is news or its time is up."""
+        """Keep what the slice brought; wake the waiter, if any, with it."""
         with self._mutex:
             self._pending.extend(raw)
             if error is not None:
                 self._error = error
-            waiter = self._waiter
-            due = waiter is not None and (
-                wake or raw or error is not None or lost or time.monotonic() >= waiter[1]
-            )
-            if lost and not due:
+            waiter, self._waiter = self._waiter, None  # woken once
+            if lost and waiter is None:
                 self._lost_news = True  # for the next wait
-            if due:
-                # Woken once: until the loop takes it, slices must not follow its deadline
-                # (a deadline passed would make them zero-length, a spin).
-                self._waiter = None
-        if waiter is not None and due:
+        if waiter is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-                waiter[0].get_loop().call_soon_threadsafe(_wake, waiter[0])
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
     def _wait_one(self, timeout_ms: int, stop: threading.Event) -> Any:
         self._calling_since = time.monotonic()
