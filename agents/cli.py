@@ -337,6 +337,17 @@ def _read_config(path: Path | None) -> Config:
 
 
 def _run(opts: argparse.Namespace) -> int:
+    # Start-up builds objects that live as long as the process (modules, gRPC, devices):
+    # collecting while it runs finds nothing and costs about a tenth of the time to
+    # registered. Collection is on again once the start-up heap is frozen, or on return.
+    gc.disable()
+    try:
+        return _run_agent(opts)
+    finally:
+        gc.enable()
+
+
+def _run_agent(opts: argparse.Namespace) -> int:
     from agents.families import parse_families
 
     # Until the event loop handles it, a SIGHUP must not end the process (exit 129).
@@ -464,6 +475,7 @@ def _freeze_heap() -> None:
     was made since costs well under 1 ms."""
     gc.collect()
     gc.freeze()
+    gc.enable()  # off since start-up began (_run)
 
 
 async def _reload_on(hup: asyncio.Event, agent: Agent, path: Path | None) -> None:

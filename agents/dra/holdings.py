@@ -86,6 +86,8 @@ class DraHoldings:
 
     def _left_behind(self, driver: str) -> bool:
         """Blocking: whether a DRA mode left this driver's checkpoint or a CDI spec here."""
+        if not (self._plugins_dir / driver).is_dir() and not self._cdi_root.is_dir():
+            return False  # DRA never ran here: its modules need not even be imported
         from agents.dra.cdi import CdiSpecs
         from agents.dra.checkpoint import CHECKPOINT
 

@@ -1,6 +1,7 @@
 """A mode loads only what it uses: device-plugin mode with the GPU family alone, started
 as `node-agent run` starts it, loads neither DRA's wire (its gRPC stubs, its driver
-server), nor the API server's HTTP client, nor metrics, nor the RoCE family, nor the
+server), nor, on a node where DRA never ran, its claims and checkpoints, nor the API
+server's HTTP client, nor metrics, nor the RoCE family, nor the
 netlink link monitor, nor hashlib (OpenSSL's libcrypto); they cost memory and start-up
 time in every process that never uses them (docs/benchmarks.md)."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 # What `node-agent run --families gpu` (no --api, no kubeconfig, no metrics) goes through
 # before it serves: the CLI, the daemon, the families' list, the GPU kind, the real
-# backends, and the DRA checkpoints of an earlier DRA mode read and found empty.
+# backends, and the DRA checkpoints of an earlier DRA mode looked for and not found.
 START = """
 import asyncio, sys
 from pathlib import Path
@@ -45,6 +46,10 @@ NOT_IN_DEVICE_PLUGIN_MODE = (
     "agents.api.dra_health_pb2",
     "agents.api.pluginregistration_pb2",
     "agents.dra.server",
+    "agents.dra.driver",
+    "agents.dra.claims",
+    "agents.dra.checkpoint",
+    "agents.dra.cdi",
     "agents.cluster.client",
     "agents.metrics",
     "agents.roce.family",
