@@ -105,8 +105,17 @@ def _sim_agent(work: Path, plugin_dir: Path) -> Subject:
         return str(doc["gpus"][i]["uuid"])
 
     command = [*node_agent_command(), "run", "--simulate", str(node), "--families", "gpu"]
-    command += ["--device-plugin-dir", str(plugin_dir), "--log-format", "json"]
+    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work)]
     return Subject("agent (simulated node)", command, {}, 8, xid)
+
+
+def _own_kubelet(work: Path) -> list[str]:
+    """The rest of the kubelet's paths, in the run's own directory as the plugin directory
+    is: what the machine's kubelet left (a DRA checkpoint of an earlier run, a
+    pod-resources socket) would otherwise be read at the agent's start."""
+    out = ["--kubelet-plugins-dir", str(work / "kubelet-plugins"), "--cdi-root", str(work / "cdi")]
+    out += ["--pod-resources-socket", str(work / "pod-resources.sock"), "--log-format", "json"]
+    return out
 
 
 def _mock_env(lib: Path, profile: str, overrides: Path) -> dict[str, str]:
@@ -141,7 +150,7 @@ def _mock_agent(work: Path, plugin_dir: Path, lib: Path, profile: str) -> Subjec
         return uuids[i]
 
     command = [*node_agent_command(), "run", "--families", "gpu"]
-    command += ["--device-plugin-dir", str(plugin_dir), "--log-format", "json"]
+    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work)]
     env = _mock_env(lib, profile, overrides)
     return Subject(f"agent ({profile}, mock NVML)", command, env, len(uuids), xid)
 
