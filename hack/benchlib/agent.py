@@ -135,6 +135,32 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_cpu_reading(pid: int) -> tuple[float, dict[int, int]]:
+    """The process's CPU time so far: utime + stime in seconds (10 ms ticks), and each
+    thread's time on a CPU in ns (its schedstat)."""
+    threads: dict[int, int] = {}
+    for tid in proc_thread_ids(pid):
+        try:
+            threads[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # it ended meanwhile: the ticks count it
+            continue
+    return proc_cpu_seconds(pid), threads
+
+
+def cpu_seconds_between(
+    before: tuple[float, dict[int, int]], after: tuple[float, dict[int, int]]
+) -> float:
+    """CPU seconds spent between two proc_cpu_reading()s: to the ns where the same threads
+    ran throughout (an idle process starts none), else in ticks, which count every thread.
+    A thread that came and went between the two is seen by the ticks alone: when they
+    count more than two ticks beyond the threads' sum, the ticks are the answer."""
+    ticks = after[0] - before[0]
+    if before[1].keys() != after[1].keys():
+        return ticks
+    precise = sum(after[1][t] - before[1][t] for t in after[1]) / 1e9
+    return ticks if ticks - precise > 2 / os.sysconf("SC_CLK_TCK") else precise
+
+
 def proc_thread_ids(pid: int) -> set[int]:
     """The IDs of a process's threads now: a thread started later has a new one."""
     return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}

@@ -31,9 +31,10 @@ from agents.standin.kubelet import Kubelet
 from hack.benchlib.agent import (
     GPU,
     Client,
+    cpu_seconds_between,
     node_agent_command,
     percentile,
-    proc_cpu_seconds,
+    proc_cpu_reading,
     timed_each,
 )
 from hack.benchlib.figures import Figure, markdown
@@ -260,9 +261,10 @@ async def measure(
         await kubelet.wait_until(lambda k: _registered(k, subject.devices), 30)
         out.register_s = time.monotonic() - started
         await asyncio.sleep(SETTLE_S)
-        cpu, began = proc_cpu_seconds(proc.pid), time.monotonic()
+        cpu, began = proc_cpu_reading(proc.pid), time.monotonic()
         await asyncio.sleep(idle_s)  # the window itself
-        out.idle_pct = (proc_cpu_seconds(proc.pid) - cpu) / (time.monotonic() - began) * 100
+        spent = cpu_seconds_between(cpu, proc_cpu_reading(proc.pid))
+        out.idle_pct = spent / (time.monotonic() - began) * 100
         ids = sorted(_health(kubelet))
         # Blocking calls on the loop's thread: the stand-in waits meanwhile, as it is idle.
         out.allocate_ms, out.floor_allocate_ms = _allocate_p50(
@@ -463,7 +465,7 @@ def _figures(
             f"medians over {rounds} round(s), each process in turn under the kubelet stand-in; "
             f"{calls} one-GPU Allocate calls from a blocking client, in blocks of {BLOCK} taken "
             "in turn with as many to the floor (kept running): the ratio is of the two p50s "
-            f"of that window; idle CPU utime+stime over "
+            f"of that window; idle CPU: the threads' time on a CPU (schedstat) over "
             f"{idle_s:g} s; XID: every run, max; highest 1-min load average {load:.2f}; "
             f"idle target: {idle_note}"
         ),
