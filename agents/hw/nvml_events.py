@@ -159,12 +159,14 @@ class NvmlEvents:
         with self._lock, translated("waiting for events"):
             if stop.is_set():
                 return [], False
+            held: list[Any] = []
             lost = False
             if self.stale or self._event_set is None:
-                self._free()
-                lost = self._create()
+                held, lost = self._renew(stop)
             lost = self._touch() or lost
-            raw = self._drain(stop)
+            raw = self._drain(self._event_set, stop)
+            if held:
+                raw = _once([*held, *raw])
             return [(self._uuid(data.device), data) for data in raw], lost
 
     def _hand(
@@ -185,10 +187,10 @@ class NvmlEvents:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
-    def _wait_one(self, timeout_ms: int, stop: threading.Event) -> Any:
+    def _wait_one(self, event_set: Any, timeout_ms: int, stop: threading.Event) -> Any:
         self._calling_since = time.monotonic()
         try:
-            return self._lib.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+            return self._lib.nvmlEventSetWait_v2(event_set, timeout_ms)
         except pynvml.NVMLError as exc:
             if code(exc) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
@@ -212,9 +214,10 @@ class NvmlEvents:
             try:
                 self._lib.nvmlDeviceGetMemoryInfo(handle)
             except pynvml.NVMLError as exc:
+                # The set is kept: the other GPUs' events go on arriving in it, and the
+                # GPU is registered again once status() sees it answer (a reset).
                 if code(exc) == _LOST and index not in self._told_lost:
                     self._told_lost.add(index)
-                    self.stale = True  # its events: registered again at the next slice
                     news = True
                 continue
             except ODD_ANSWERS:
@@ -224,11 +227,24 @@ class NvmlEvents:
             self._told_lost.discard(index)
         return news
 
-    def _drain(self, stop: threading.Event) -> list[Any]:
+    def _drain(self, event_set: Any, stop: threading.Event) -> list[Any]:
         out: list[Any] = []
-        while len(out) < _DRAIN_MAX and (data := self._wait_one(0, stop)) is not None:
+        while len(out) < _DRAIN_MAX and (data := self._wait_one(event_set, 0, stop)) is not None:
             out.append(data)
         return out
+
+    def _renew(self, stop: threading.Event) -> tuple[list[Any], bool]:
+        """A fresh set with every GPU that answers, registered before the old set is
+        freed, so that an event arriving meanwhile is in one of them or both, never in
+        neither: the events the old set still held, and whether a GPU was found newly
+        lost."""
+        old, self._event_set = self._event_set, None
+        lost = self._create()
+        if old is None:
+            return [], lost
+        held = self._drain(old, stop)
+        self._free_set(old)
+        return held, lost
 
     def _create(self) -> bool:
         """A fresh set with every GPU that answers; whether one was found newly lost."""
@@ -266,10 +282,26 @@ class NvmlEvents:
         event_set, self._event_set = self._event_set, None
         self._uuids.clear()
         self._touchable = ()
+        self._free_set(event_set)
+
+    def _free_set(self, event_set: Any) -> None:
         try:
             self._lib.nvmlEventSetFree(event_set)
         except ODD_ANSWERS as exc:
             log.warning("nvml_event_set_free_failed", error=str(exc))
+
+
+def _once(events: list[Any]) -> list[Any]:
+    """Each event once: one that reached both the old and the new set while the sets were
+    renewed is the same GPU, type and data twice in a row of one slice."""
+    seen: set[tuple[int, int, int]] = set()
+    out = []
+    for data in events:
+        key = (handle_key(data.device), int(data.eventType), int(data.eventData))
+        if key not in seen:
+            seen.add(key)
+            out.append(data)
+    return out
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
