@@ -67,6 +67,7 @@ class GpuFamily:
         # Every GPU starts Healthy; the first probe, as run() begins, says otherwise.
         self._healthy: dict[str, bool] = {g.uuid: True for g in self.gpus}
         self._pushed: dict[str, Grade] | None = None  # what the resources were last given
+        self._all_healthy = False  # at the last publish: every GPU present and Healthy
         self._causes: dict[str, Cause | None] = {}
         self._told: dict[str, Cause | None] | None = None  # the causes last published
         self._gone: set[str] = set()  # taken off the node: not advertised while away
@@ -226,18 +227,25 @@ class GpuFamily:
         """Ask NVML about every GPU once a second (sooner after an early event wake-up)."""
         while True:
             answers = await self._probe_nvml.statuses([g.uuid for g in self.gpus], PROBE_WAIT_S)
-            now = self._clock()
-            for uuid, status in answers.items():
-                for code in status.xids:
-                    self._xid(XidEvent(uuid, code), now)
-                self._health.answered(uuid, now, _failing(status))
-                self._note_gone(uuid, status.gone)
-                self._note_lost(uuid, status.lost)
-            self._publish(now)
+            if not (self._all_healthy and all(s == _ANSWERED for s in answers.values())):
+                self._judge(answers)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._probe_s):  # a timer, not a task
                     await self._kick.wait()
             self._kick.clear()
+
+    def _judge(self, answers: Mapping[str, GpuStatus]) -> None:
+        """Take a probe's answers. A probe where every GPU answers normally while every GPU
+        was Healthy at the last publish changes nothing and is not judged: that is every
+        probe of an idle node, once a second."""
+        now = self._clock()
+        for uuid, status in answers.items():
+            for code in status.xids:
+                self._xid(XidEvent(uuid, code), now)
+            self._health.answered(uuid, now, _failing(status))
+            self._note_gone(uuid, status.gone)
+            self._note_lost(uuid, status.lost)
+        self._publish(now)
 
     async def _read_signals(self) -> None:
         """Read every present GPU's degraded-device signals once a signal period."""
@@ -328,6 +336,7 @@ class GpuFamily:
             grades[gpu.uuid] = Grade.HEALTHY if cause is None else cause.grade
             self._causes[gpu.uuid] = cause
         self._healthy = {u: g is not Grade.UNHEALTHY for u, g in grades.items()}
+        self._all_healthy = not self._gone and all(c is None for c in self._causes.values())
         if grades == self._pushed and self._causes == self._told:
             return
         self._told = dict(self._causes)
@@ -346,6 +355,9 @@ def _where(unit: Unit) -> str:
     """The device as nvidia-smi numbers it: "GPU 3", "MIG 0:1"."""
     kind = "GPU" if unit.visible_id == unit.gpu_uuid else "MIG"
     return f"{kind} {unit.index}" if unit.index else kind
+
+
+_ANSWERED = GpuStatus(lost=False)  # a GPU that answered normally, and nothing more
 
 
 def _failing(status: GpuStatus) -> Cause | None:
