@@ -23,6 +23,7 @@ from agents.kernel.catalogue import Inventory, listed
 from agents.kernel.edits import ContainerEdits
 
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+ANSWERS_KEPT = 1024  # Allocate answers kept per resource: past it, all are forgotten
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class GpuResource:
         self.pairing = pairing  # the NICs paired with these GPUs, if any
         self._pair_costs: PairCosts | None = None
         self._replicas: _Replicas | None = None
+        # Allocate's answers, by device IDs in the kubelet's order: an answer depends on
+        # nothing else for the life of this resource (a reload makes a new one).
+        self._answers: dict[tuple[str, ...], ContainerAllocation] = {}
 
     @property
     def whole_gpus(self) -> bool:
@@ -115,7 +119,15 @@ class GpuResource:
             )
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
-        return self._answer(units)
+        if "cdi-annotations" in self._options.flags.device_list_strategy:
+            return self._answer(units)  # each answer names a response ID of its own
+        key = tuple(device_ids)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= ANSWERS_KEPT:
+                self._answers.clear()
+            answer = self._answers[key] = self._answer(units)
+        return answer
 
     def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
         """What a container gets for these units together, and each unit's device nodes."""
