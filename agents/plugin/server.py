@@ -15,7 +15,7 @@ import structlog
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
-from agents.core.device import Device
+from agents.core.device import ContainerAllocation, Device
 from agents.errors import AllocationError, Code
 from agents.kernel.catalogue import Inventory, Resource, Withheld
 from agents.kernel.socket_server import GRACE_S, UnixServer
@@ -32,6 +32,7 @@ _CODES = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 T = TypeVar("T")
+MESSAGES_KEPT = 1024  # wire messages kept per resource server: past it, all are forgotten
 
 
 def socket_name(resource: str) -> str:
@@ -222,6 +223,19 @@ class DevicePluginServer:
 class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def __init__(self, server: DevicePluginServer) -> None:
         self._server = server
+        # Wire messages of the answers a resource gives again (the same object for the
+        # same devices): by the answer's identity, the answer kept so it stays unique.
+        self._messages: dict[int, tuple[ContainerAllocation, pb.ContainerAllocateResponse]] = {}
+
+    def _message(self, allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
+        kept = self._messages.get(id(allocation))
+        if kept is not None and kept[0] is allocation:
+            return kept[1]
+        message = wire.allocation_message(allocation)
+        if len(self._messages) >= MESSAGES_KEPT:
+            self._messages.clear()
+        self._messages[id(allocation)] = (allocation, message)
+        return message
 
     @property
     def _resource(self) -> Resource:
@@ -267,7 +281,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 ids = list(req.devicesIDs)
                 requests.check_allocate(resource.inventory, ids, resource.name)
                 self._server.check_not_withheld(ids)
-                responses.append(wire.allocation_message(resource.allocate(ids)))
+                responses.append(self._message(resource.allocate(ids)))
                 # Debug, not info: a line per container cost half the handler's time; the
                 # metrics count allocations, and the kubelet logs them.
                 log.debug("allocated", resource=resource.name, devices=ids)
