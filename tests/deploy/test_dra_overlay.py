@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.cli import build_parser, parse_args
+from agents.command_line import build_parser, parse_args
 from agents.config import parse_config
 from tests.deploy.manifests import (
     DAEMONSET_DIR,

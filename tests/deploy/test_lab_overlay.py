@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.cli import parse_args
+from agents.command_line import parse_args
 from agents.sim.bundled import bundled_nodes
 from tests.deploy.manifests import Obj, agent_container, flag, only, pod_spec, render
 

@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from agents.cli import parse_args
+from agents.command_line import parse_args
 from agents.config import parse_config
 from agents.metrics import METRICS_PORT
 from tests.deploy.manifests import (

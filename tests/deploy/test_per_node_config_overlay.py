@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.cli import parse_args
+from agents.command_line import parse_args
 from agents.config import parse_config
 from agents.core.config_choice import DEFAULT_LABEL
 from tests.deploy.manifests import Obj, agent_container, only, pod_spec, render

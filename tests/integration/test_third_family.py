@@ -20,7 +20,7 @@ from typing import Any
 import structlog.testing
 
 from agents.backends import Backends, simulated_backends
-from agents.cli import parse_args
+from agents.command_line import parse_args
 from agents.config import Config
 from agents.core.health import DeviceHealth, Grade
 from agents.daemon import Agent

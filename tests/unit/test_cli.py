@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents import __version__
-from agents.cli import (
+from agents.cli import main
+from agents.command_line import (
     DEFAULT_POD_RESOURCES_SOCKET,
     LOG_LEVEL_ENV,
     build_parser,
-    main,
     parse_args,
 )
 from agents.sim.bundled import bundled_nodes

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.cli import CONFIG_DEFAULT_ENV, CONFIG_DIR_ENV, CONFIG_LABEL_ENV, main, parse_args
+from agents.cli import main
+from agents.command_line import CONFIG_DEFAULT_ENV, CONFIG_DIR_ENV, CONFIG_LABEL_ENV, parse_args
 
 ENVS = (CONFIG_DIR_ENV, CONFIG_DEFAULT_ENV, CONFIG_LABEL_ENV)
 

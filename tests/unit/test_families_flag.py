@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.cli import parse_args
+from agents.command_line import parse_args
 from agents.errors import ConfigError
 from agents.families import KINDS, parse_families
 
