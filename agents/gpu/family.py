@@ -24,7 +24,7 @@ from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
-from agents.hw.nvml import GpuStatus, Nvml, XidEvent
+from agents.hw.nvml import GpuStatus, GpuTouches, Nvml, XidEvent
 from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
@@ -40,6 +40,10 @@ PROBE_WAIT_S = 0.5  # how long one probe waits for NVML's answers before it move
 EARLY_S = 0.05  # an event wait that ends this much before its timeout was woken: news
 EVENT_WAIT_SLACK_S = 1.0  # an event wait this much past its timeout is logged as slow
 SHUTDOWN_WAIT_S = 1.5  # how long stopping waits for NVML to shut down
+# On a node whose GPUs are all Healthy and all answered the event thread's touches within
+# the last probe period, NVML's full probe (every GPU's status and ECC count, through a
+# worker thread) runs on one tick in this many; any news makes the next tick a full one.
+QUIET_PROBES = 5
 
 
 class GpuFamily:
@@ -80,6 +84,7 @@ class GpuFamily:
         self._probe_s = timing.gpu_probe_s
         self._event_wait_s = timing.gpu_event_wait_s
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
+        self._touches = nvml if isinstance(nvml, GpuTouches) else None
         self._signal_s = timing.signal_probe_s
         self._signals = GpuSignalWatch(
             nvml,
@@ -224,15 +229,30 @@ class GpuFamily:
             log.warning("nvml_shutdown_failed", error=str(exc))
 
     async def _probe(self) -> None:
-        """Ask NVML about every GPU once a second (sooner after an early event wake-up)."""
+        """Ask NVML about every GPU once a second (sooner after an early event wake-up);
+        on a quiet node, where the event thread's touches already say every GPU answers,
+        one second in QUIET_PROBES."""
+        quiet = 0  # ticks in a row that relied on the touches
         while True:
-            answers = await self._probe_nvml.statuses([g.uuid for g in self.gpus], PROBE_WAIT_S)
-            if not (self._all_healthy and all(s == _ANSWERED for s in answers.values())):
-                self._judge(answers)
+            if self._all_healthy and quiet < QUIET_PROBES - 1 and self._touched():
+                quiet += 1
+            else:
+                quiet = 0
+                uuids = [g.uuid for g in self.gpus]
+                answers = await self._probe_nvml.statuses(uuids, PROBE_WAIT_S)
+                if not (self._all_healthy and all(s == _ANSWERED for s in answers.values())):
+                    self._judge(answers)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._probe_s):  # a timer, not a task
                     await self._kick.wait()
+            if self._kick.is_set():
+                quiet = QUIET_PROBES  # news: the next tick probes in full
             self._kick.clear()
+
+    def _touched(self) -> bool:
+        """Every GPU answered the event thread's touches within the last probe period."""
+        at = self._touches.answered_at() if self._touches is not None else None
+        return at is not None and time.monotonic() - at <= self._probe_s
 
     def _judge(self, answers: Mapping[str, GpuStatus]) -> None:
         """Take a probe's answers. A probe where every GPU answers normally while every GPU

@@ -168,6 +168,18 @@ class Nvml(Protocol):
 
 
 @runtime_checkable
+class GpuTouches(Protocol):
+    """A backend that touches every GPU between two looks for events (the real one,
+    agents.hw.nvml_events), and so knows when every GPU last answered: a probe of a node
+    whose GPUs all answer and are all Healthy may then be skipped."""
+
+    def answered_at(self) -> float | None:
+        """time.monotonic() at the end of the last round of touches in which every GPU
+        NVML lists answered normally; None before one, and while a GPU does not."""
+        ...
+
+
+@runtime_checkable
 class GpuProbe(Protocol):
     """The degraded-device signals of a GPU (docs/degraded.md), as NVML answers them.
     Both backends implement it beside Nvml."""

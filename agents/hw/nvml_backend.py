@@ -132,6 +132,10 @@ class NvmlBackend:
         self._ecc[uuid] = count
         return (XID_DOUBLE_BIT_ECC,) if before is not None and count > before else ()
 
+    def answered_at(self) -> float | None:
+        """When every GPU last answered the event thread's touch (agents.hw.nvml.GpuTouches)."""
+        return self._events.answered_at
+
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         if self._inits == 0:
             raise BackendError("NVML events: not initialised")

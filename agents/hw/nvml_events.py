@@ -67,6 +67,8 @@ class NvmlEvents:
         self._lost_news = False  # a touch found a GPU lost: the waiter is to look now
         self._touchable: tuple[tuple[int, Any], ...] = ()  # (index, handle) registered
         self._told_lost: set[int] = set()  # GPU indices a touch found lost, told once
+        # When the last round of touches ended with every GPU answering normally.
+        self.answered_at: float | None = None
         self._waiter: asyncio.Future[None] | None = None  # woken by the thread with news
         self._stop: threading.Event | None = None  # the running thread's; None: none runs
         self._calling_since: float | None = None  # when the thread's NVML wait began
@@ -209,6 +211,7 @@ class NvmlEvents:
         """Whether a GPU registered answers GPU_IS_LOST now where it did not before: a
         loss is told once, and again only after the GPU has answered in between."""
         news = False
+        normal = bool(self._touchable) and not self._unregistered
         for index, handle in self._touchable:
             self._calling_since = time.monotonic()
             try:
@@ -219,12 +222,15 @@ class NvmlEvents:
                 if code(exc) == _LOST and index not in self._told_lost:
                     self._told_lost.add(index)
                     news = True
+                normal = False
                 continue
             except ODD_ANSWERS:
+                normal = False
                 continue  # an odd answer is the status probe's to judge
             finally:
                 self._calling_since = None
             self._told_lost.discard(index)
+        self.answered_at = time.monotonic() if normal else None
         return news
 
     def _drain(self, event_set: Any, stop: threading.Event) -> list[Any]:
