@@ -84,7 +84,6 @@ class GpuFamily:
         self._probe_s = timing.gpu_probe_s
         self._event_wait_s = timing.gpu_event_wait_s
         self._probe_nvml = StatusProbe(nvml, hang_s, clock)
-        self._touches = nvml if isinstance(nvml, GpuTouches) else None
         self._signal_s = timing.signal_probe_s
         self._signals = GpuSignalWatch(
             nvml,
@@ -251,7 +250,8 @@ class GpuFamily:
 
     def _touched(self) -> bool:
         """Every GPU answered the event thread's touches within the last probe period."""
-        at = self._touches.answered_at() if self._touches is not None else None
+        nvml = self._nvml
+        at = nvml.answered_at() if isinstance(nvml, GpuTouches) else None
         return at is not None and time.monotonic() - at <= self._probe_s
 
     def _judge(self, answers: Mapping[str, GpuStatus]) -> None:
