@@ -71,7 +71,7 @@ class NvmlEvents:
         self.answered_at: float | None = None
         self._waiter: asyncio.Future[None] | None = None  # woken by the thread with news
         self._stop: threading.Event | None = None  # the running thread's; None: none runs
-        self._calling_since: float | None = None  # when the thread's NVML wait began
+        self._calling_since: float | None = None  # when the thread's NVML call began
 
     async def wait(self, timeout_s: float) -> list[tuple[str | None, Any]]:
         """The events that arrive within timeout_s, each with its GPU's UUID (None where
@@ -110,7 +110,7 @@ class NvmlEvents:
         return raw
 
     def _hung(self) -> bool:
-        """The thread is in one NVML call for far longer than a slice."""
+        """The thread is in one NVML call for far longer than any call should take."""
         since = self._calling_since
         return since is not None and time.monotonic() - since > _HUNG_S
 
@@ -164,9 +164,9 @@ class NvmlEvents:
             held: list[Any] = []
             lost = False
             if self.stale or self._event_set is None:
-                held, lost = self._renew(stop)
+                held, lost = self._renew()
             lost = self._touch() or lost
-            raw = self._drain(self._event_set, stop)
+            raw = self._drain(self._event_set)
             if held:
                 raw = _once([*held, *raw])
             return [(self._uuid(data.device), data) for data in raw], lost
@@ -189,19 +189,18 @@ class NvmlEvents:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
                 waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
-    def _wait_one(self, event_set: Any, timeout_ms: int, stop: threading.Event) -> Any:
+    def _take_one(self, event_set: Any) -> Any:
+        """The next event the set holds, without waiting; None when there is none."""
         self._calling_since = time.monotonic()
         try:
-            return self._lib.nvmlEventSetWait_v2(event_set, timeout_ms)
+            return self._lib.nvmlEventSetWait_v2(event_set, 0)
         except pynvml.NVMLError as exc:
             if code(exc) == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             if code(exc) == pynvml.NVML_ERROR_GPU_IS_LOST:
-                # status() reports the loss; the next slice registers the GPUs again.
-                # NVML may answer so at once for every wait: sit the slice out instead.
+                # status() reports the loss; the next slice registers the GPUs again,
+                # after the pause (NVML may answer so to every wait while it lasts).
                 self.stale = True
-                self._calling_since = None
-                stop.wait(timeout_ms / 1000)
                 return None
             raise
         finally:
@@ -233,13 +232,13 @@ class NvmlEvents:
         self.answered_at = time.monotonic() if normal else None
         return news
 
-    def _drain(self, event_set: Any, stop: threading.Event) -> list[Any]:
+    def _drain(self, event_set: Any) -> list[Any]:
         out: list[Any] = []
-        while len(out) < _DRAIN_MAX and (data := self._wait_one(event_set, 0, stop)) is not None:
+        while len(out) < _DRAIN_MAX and (data := self._take_one(event_set)) is not None:
             out.append(data)
         return out
 
-    def _renew(self, stop: threading.Event) -> tuple[list[Any], bool]:
+    def _renew(self) -> tuple[list[Any], bool]:
         """A fresh set with every GPU that answers, registered before the old set is
         freed, so that an event arriving meanwhile is in one of them or both, never in
         neither: the events the old set still held, and whether a GPU was found newly
@@ -248,7 +247,7 @@ class NvmlEvents:
         lost = self._create()
         if old is None:
             return [], lost
-        held = self._drain(old, stop)
+        held = self._drain(old)
         self._free_set(old)
         return held, lost
 
