@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +16,10 @@ NODE = bundled_node("all-distances")
 CATEGORIES = ["PIX", "PXB", "PHB", "NODE", "SYS"]
 
 
-def topo(*args: str) -> str:
+def topo(node: Path, *args: str) -> str:
+    """`node-agent topo --simulate NODE ARGS`: its output; it must exit 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "agents.cli", "topo", "--simulate", str(NODE), *args],
+        [sys.executable, "-m", "agents.cli", "topo", "--simulate", str(node), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -29,7 +31,7 @@ def topo(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(topo("--json"))
+    result: dict[str, Any] = json.loads(topo(NODE, "--json"))
     return result
 
 
@@ -83,7 +85,7 @@ def test_topo_pairs_point_each_gpu_to_its_nearest_nics(report: dict[str, Any]) -
 
 
 def test_topo_text_output_has_devices_matrix_and_pairs() -> None:
-    text = topo()
+    text = topo(NODE)
     devices, rest = text.split("Distance matrix\n", 1)
     matrix, pairs = rest.split("GPU <-> NIC pairs\n", 1)
     assert "GPU0" in devices and "adnode0" in devices

@@ -5,8 +5,6 @@ remap that failed, and one NIC runs at a quarter of its model's speed."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +12,7 @@ import pytest
 import yaml
 
 from agents.sim.bundled import bundled_node
-
-
-def topo(node: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "agents.cli", "topo", "--simulate", str(node), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+from tests.integration.test_topo import topo
 
 
 @pytest.fixture(scope="module")
