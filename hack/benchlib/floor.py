@@ -108,7 +108,7 @@ def _sim_agent(work: Path, plugin_dir: Path) -> Subject:
         return str(doc["gpus"][i]["uuid"])
 
     command = [*node_agent_command(), "run", "--simulate", str(node), "--families", "gpu"]
-    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work)]
+    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work), "--log-format", "json"]
     return Subject("agent (simulated node)", command, {}, 8, xid)
 
 
@@ -117,7 +117,7 @@ def _own_kubelet(work: Path) -> list[str]:
     is: what the machine's kubelet left (a DRA checkpoint of an earlier run, a
     pod-resources socket) would otherwise be read at the agent's start."""
     out = ["--kubelet-plugins-dir", str(work / "kubelet-plugins"), "--cdi-root", str(work / "cdi")]
-    out += ["--pod-resources-socket", str(work / "pod-resources.sock"), "--log-format", "json"]
+    out += ["--pod-resources-socket", str(work / "pod-resources.sock")]
     return out
 
 
@@ -153,7 +153,7 @@ def _mock_agent(work: Path, plugin_dir: Path, lib: Path, profile: str) -> Subjec
         return uuids[i]
 
     command = [*node_agent_command(), "run", "--families", "gpu"]
-    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work)]
+    command += ["--device-plugin-dir", str(plugin_dir), *_own_kubelet(work), "--log-format", "json"]
     env = _mock_env(lib, profile, overrides)
     return Subject(f"agent ({profile}, mock NVML)", command, env, len(uuids), xid)
 
