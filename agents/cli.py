@@ -76,7 +76,11 @@ def main(
         if opts.command == "topo":
             from agents.topo import show_topology
 
-            return asyncio.run(show_topology(opts.simulate, opts.config, as_json=opts.json))
+            return asyncio.run(
+                show_topology(
+                    opts.simulate, opts.config, as_json=opts.json, lldp_wait_s=opts.lldp_wait
+                )
+            )
         if opts.command == "fabric":
             from agents.fabric import show_fabric
 

@@ -28,6 +28,7 @@ CONFIG_LABEL_ENV = "NODE_AGENT_CONFIG_LABEL"
 LOG_LEVEL_ENV = "NODE_AGENT_LOG_LEVEL"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
+DEFAULT_LLDP_WAIT_S = 31.0  # switches and lldpd send LLDP every 30 s
 SIMULATE_HELP = "simulated node file, or the name of a bundled one (e.g. h100-8gpu-8nic)"
 
 
@@ -46,6 +47,17 @@ def _node_file(arg: str) -> Path:
             f"{arg}: no such file, nor a bundled node (bundled: {', '.join(names)})"
         )
     return bundled_node(stem)
+
+
+def _seconds(arg: str) -> float:
+    """A duration in seconds, 0 or more."""
+    try:
+        value = float(arg)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{arg!r}: seconds, 0 or more")
+    return value
 
 
 def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
@@ -120,6 +132,16 @@ def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
     topo.add_argument("--simulate", type=_node_file, metavar="NODE.yaml", help=SIMULATE_HELP)
     topo.add_argument("--config", type=Path, metavar="FILE", help="configuration file (YAML)")
     topo.add_argument("--json", action="store_true", help="machine-readable output")
+    topo.add_argument(
+        "--lldp-wait",
+        type=_seconds,
+        metavar="S",
+        default=DEFAULT_LLDP_WAIT_S,
+        help="listen up to S seconds for LLDP on the RoCE NICs' netdevs to show the leaf "
+        "switch each is cabled to, stopping once every NIC has heard (needs CAP_NET_RAW; "
+        f"default {DEFAULT_LLDP_WAIT_S:g}: switches send every 30 s; 0: do not listen). "
+        "topo listens itself: it does not ask a running agent",
+    )
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
     fabric = sub.add_parser("fabric", help="the cluster's leaf groups and spines, from Node labels")
     fabric.add_argument(

@@ -8,9 +8,10 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agents.backends import simulated_backends
+from agents.command_line import DEFAULT_LLDP_WAIT_S
 from agents.config import Config, load_config
 from agents.core.degraded import Limits
 from agents.core.topology import Topology
@@ -21,6 +22,7 @@ from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
 from agents.roce.discovery import discover as discover_nics
+from agents.topo_leaves import hear_leaves, on_host, refusal
 
 LEGEND = (
     "PIX = at most one PCIe switch between them; PXB = several switches, no host bridge;\n"
@@ -32,42 +34,65 @@ LEGEND = (
 )
 
 
-async def show_topology(simulate: Path | None, config_file: Path | None, *, as_json: bool) -> int:
+async def show_topology(
+    simulate: Path | None,
+    config_file: Path | None,
+    *,
+    as_json: bool,
+    lldp_wait_s: float = DEFAULT_LLDP_WAIT_S,
+    err: TextIO | None = None,
+) -> int:
+    """Print the report; listens up to lldp_wait_s for the NICs' LLDP neighbours, with its
+    progress on `err` (stderr), so that --json's stdout holds the JSON alone."""
     config = load_config(config_file) if config_file else Config.default()
     limits = config.health.degraded.limits
-    async with _node(simulate) as (nvml, sysfs, lldp):
-        gpus, graded = _gpus(nvml, sysfs, limits)
+    why_not = refusal(lldp_wait_s)
+    async with _node(simulate, listen=why_not is None) as (nvml, sysfs, lldp):
         nics = discover_nics(sysfs, config.roce.selectors)
+        # Listening starts before the GPUs are read: their frames are heard meanwhile.
+        wired = [n.netdev for n in nics if on_host(n.netdev)]
+        if lldp is not None:
+            lldp.watch(n.netdev for n in nics)
+        gpus, graded = _gpus(nvml, sysfs, limits)
         graded |= nic_grades(sysfs, nics, limits)
-        neighbours = _neighbours(lldp, nics)
-    report = build_report(gpus, nics, neighbours, graded)
+        leaves = await hear_leaves(
+            lldp,
+            nics,
+            wired,
+            wait_s=lldp_wait_s,
+            why_not=why_not,
+            err=err or sys.stderr,
+            simulated=simulate is not None,
+        )
+    report = build_report(gpus, nics, leaves.neighbours, graded, leaves.source)
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
     return 0
 
 
 @contextlib.asynccontextmanager
 async def _node(
-    simulate: Path | None,
+    simulate: Path | None, *, listen: bool
 ) -> AsyncIterator[tuple[Nvml, Sysfs, NeighbourSource | None]]:
-    """The node's NVML, sysfs and, simulated, its LLDP neighbours; a simulated node's tree
-    is removed as the context ends, error or not. No link states are read here. A real
-    node's neighbours are not listened for: switches send a frame every 30 s or so, and
-    the running agent publishes what it heard (docs/fabric.md)."""
+    """The node's NVML, sysfs and LLDP neighbours (simulated: the node file's, and frames
+    on its netdevs that exist here; real: an LLDP listener where `listen`); all closed
+    as the context ends, error or not. No link states are read here."""
     if simulate is not None:
         async with simulated_backends(simulate) as backends:
-            yield backends.nvml, backends.sysfs, backends.lldp
+            try:
+                yield backends.nvml, backends.sysfs, backends.lldp
+            finally:
+                if backends.lldp is not None:
+                    backends.lldp.close()
         return
+    from agents.hw.lldp_listener import LldpListener
     from agents.hw.nvml_backend import NvmlBackend  # pynvml: only on a real node
 
-    yield NvmlBackend(), Sysfs(), None
-
-
-def _neighbours(lldp: NeighbourSource | None, nics: list[Nic]) -> dict[str, Neighbour]:
-    if lldp is None:
-        return {}
-    lldp.watch(n.netdev for n in nics)
-    heard = {n.netdev: lldp.neighbour(n.netdev) for n in nics}
-    return {i: n for i, n in heard.items() if n is not None}
+    lldp = LldpListener() if listen else None
+    try:
+        yield NvmlBackend(), Sysfs(), lldp
+    finally:
+        if lldp is not None:
+            lldp.close()
 
 
 def _gpus(nvml: Nvml, sysfs: Sysfs, limits: Limits) -> tuple[list[Gpu], dict[str, Graded]]:
@@ -88,9 +113,10 @@ def build_report(
     nics: list[Nic],
     neighbours: dict[str, Neighbour] | None = None,
     graded: dict[str, Graded] | None = None,
+    leaf_source: str | None = None,
 ) -> dict[str, Any]:
     """The report `--json` prints; `graded`: each device's grade by UUID or PCI address
-    (left out: Healthy)."""
+    (left out: Healthy); `leaf_source`: where the NICs' leaf switches came from."""
     grades = graded or {}
     gpu_names, nic_names = _names(gpus, nics)
     topology = Topology(
@@ -118,6 +144,7 @@ def build_report(
         "nics": [
             _nic(n, (neighbours or {}).get(n.netdev)) | _grade(grades.get(n.pci)) for n in nics
         ],
+        "leafSource": leaf_source,
         "matrix": {
             names[a]: {names[b]: "X" if a == b else matrix.get((a, b), "-") for b in ids}
             for a in ids
@@ -183,6 +210,8 @@ def render(report: dict[str, Any]) -> str:
             f"  {n['name']:<8} {n['grade']:<9} pci {n['pci']}  {n['netdev']}  NUMA {n['numa']}"
             f"  {n['uverbs']}  leaf {leaf}{_signals(n)}"
         )
+    if report.get("leafSource"):
+        lines.append(f"  leaf from {report['leafSource']}")
     names = list(report["matrix"])
     width = max([len(n) for n in names] + [4]) + 1
     lines += ["", "Distance matrix", " " * width + "".join(f"{n:>{width}}" for n in names)]
