@@ -55,6 +55,18 @@ class Topo:
     def said(self, text: str) -> bool:
         return any(text in line for line in self.err)
 
+    def wait_listening(self) -> None:
+        """Until topo says it listens (its sockets are open by then); fails, with topo's
+        stderr, if it exits first."""
+        wait_until(
+            lambda: self.said(LISTENING) or self.process.poll() is not None,
+            PROCESS_WAIT,
+            "the progress line",
+        )
+        if not self.said(LISTENING):
+            self._reader.join(PROCESS_WAIT)  # all it wrote, for the failure
+        assert self.said(LISTENING), "".join(self.err)
+
     def report(self) -> tuple[dict[str, Any], float]:
         """The JSON report and the seconds topo ran; it must exit 0."""
         try:
@@ -102,7 +114,7 @@ def test_topo_shows_each_nics_leaf_and_returns_once_all_have_heard(
 ) -> None:
     node, (eth0, eth1), (switch0, switch1) = two_nics
     topo = Topo(node, "--lldp-wait", str(WAIT_S))
-    wait_until(lambda: topo.said(LISTENING), PROCESS_WAIT, "the progress line")
+    topo.wait_listening()
     sent = time.monotonic()
     switch0.send(frame(system_name="leaf-a", port_name="Ethernet1/1"))
     switch1.send(frame(system_name="leaf-b", port_name="Ethernet1/7"))
@@ -119,7 +131,7 @@ def test_topo_waits_out_lldp_wait_for_a_nic_that_hears_nothing(
 ) -> None:
     node, (eth0, eth1), (switch0, _) = two_nics
     topo = Topo(node, "--lldp-wait", "2")
-    wait_until(lambda: topo.said(LISTENING), PROCESS_WAIT, "the progress line")
+    topo.wait_listening()
     switch0.send(frame(system_name="leaf-a", port_name="Ethernet1/1"))
     report, took = topo.report()
     assert leaves(report) == {eth0: ("leaf-a", "Ethernet1/1"), eth1: (None, None)}
