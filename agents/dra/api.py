@@ -85,5 +85,9 @@ class DraApi:
 
         socket = opts.pod_resources_socket
         return DraHoldings(
-            opts.kubelet_plugins_dir, opts.kubelet_registry_dir, opts.cdi_root, PodResources(socket)
+            opts.kubelet_plugins_dir,
+            opts.kubelet_registry_dir,
+            opts.cdi_root,
+            PodResources(socket),
+            poll_s=opts.timing.held_claims_poll_s,
         )

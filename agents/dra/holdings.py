@@ -19,6 +19,7 @@ from agents.kernel.kubelet_facts import PodResources
 from agents.kernel.offer import Offer
 from agents.kernel.versioned import Versioned
 from agents.tasks import first, off_loop
+from agents.timing import HELD_CLAIMS_POLL_S
 
 if TYPE_CHECKING:  # DRA's code is loaded only where DRA left claims or specs behind
     from agents.dra.claims import Claim
@@ -26,7 +27,6 @@ if TYPE_CHECKING:  # DRA's code is loaded only where DRA left claims or specs be
 
 log = structlog.get_logger(__name__)
 
-POLL_S = 5.0  # while a claim is held: how often the kubelet is asked which still run
 REFUSED = "this node serves its devices through device plugins (node-agent --api device-plugin)"
 
 
@@ -35,12 +35,19 @@ class DraHoldings:
     serves the drivers and keeps it current until nothing is held."""
 
     def __init__(
-        self, plugins_dir: Path, registry_dir: Path, cdi_root: Path, pod_resources: PodResources
+        self,
+        plugins_dir: Path,
+        registry_dir: Path,
+        cdi_root: Path,
+        pod_resources: PodResources,
+        *,
+        poll_s: float = HELD_CLAIMS_POLL_S,  # while a claim is held: the kubelet asked again
     ) -> None:
         self._plugins_dir = plugins_dir
         self._registry_dir = registry_dir
         self._cdi_root = cdi_root
         self._pod_resources = pod_resources
+        self._poll_s = poll_s
         self._drivers: dict[str, Driver] = {}
         self._held: frozenset[str] = frozenset()  # device IDs
         self._missing: set[tuple[str, str]] = set()  # (driver, claim UID) unlisted last time
@@ -124,7 +131,7 @@ class DraHoldings:
             if servers:
                 log.info("dra_unprepare_served", drivers=[s.driver.name for s in servers])
             while self._held:
-                await first(self.wait_newer(self.version), asyncio.sleep(POLL_S))
+                await first(self.wait_newer(self.version), asyncio.sleep(self._poll_s))
                 await self._free_ended()
         finally:
             for server in servers:

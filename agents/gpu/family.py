@@ -25,7 +25,7 @@ from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
 from agents.hw.nvml import GpuStatus, GpuTouches, Nvml, XidEvent
-from agents.hw.nvml_calls import HANG_S, StatusProbe, bounded
+from agents.hw.nvml_calls import StatusProbe, bounded
 from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
@@ -58,7 +58,6 @@ class GpuFamily:
         health: HealthSink | None = None,
         pairing: PairingSide | None = None,
         clock: Callable[[], float] = time.monotonic,
-        hang_s: float = HANG_S,
         timing: Timing = PRODUCTION,
     ) -> None:
         self._nvml = nvml
@@ -83,7 +82,7 @@ class GpuFamily:
         )
         self._probe_s = timing.gpu_probe_s
         self._event_wait_s = timing.gpu_event_wait_s
-        self._probe_nvml = StatusProbe(nvml, hang_s, clock)
+        self._probe_nvml = StatusProbe(nvml, timing.gpu_hang_s, clock)
         self._signal_s = timing.signal_probe_s
         self._signals = GpuSignalWatch(
             nvml,

@@ -47,4 +47,8 @@ class DevicePluginApi:
     def leftovers(self, opts: argparse.Namespace) -> Holdings:
         from agents.plugin.leftovers import PodHoldings
 
-        return PodHoldings(opts.device_plugin_dir, opts.pod_resources_socket)
+        return PodHoldings(
+            opts.device_plugin_dir,
+            opts.pod_resources_socket,
+            poll_s=opts.timing.held_pods_poll_s,
+        )

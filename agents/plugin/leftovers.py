@@ -13,17 +13,23 @@ import structlog
 from agents.kernel.kubelet_facts import CheckpointFile, PodResources
 from agents.kernel.offer import Offer
 from agents.kernel.versioned import Versioned
+from agents.timing import HELD_PODS_POLL_S
 
 log = structlog.get_logger(__name__)
-
-HELD_POLL_S = 5.0  # while running pods hold devices through device plugins: asked again
 
 
 class PodHoldings:
     """(resource, device ID) that running pods hold through the device-plugin API.
     Used from the event loop."""
 
-    def __init__(self, device_plugin_dir: Path, pod_resources_socket: Path | None) -> None:
+    def __init__(
+        self,
+        device_plugin_dir: Path,
+        pod_resources_socket: Path | None,
+        *,
+        poll_s: float = HELD_PODS_POLL_S,  # while pods hold devices: asked again this often
+    ) -> None:
+        self._poll_s = poll_s
         self._checkpoint = CheckpointFile(device_plugin_dir)
         self._pod_resources = PodResources(pod_resources_socket)
         self._resources: list[str] = []
@@ -73,7 +79,7 @@ class PodHoldings:
         """Devices given to pods through the device-plugin API come back as those pods end."""
         try:
             while self._held:
-                await asyncio.sleep(HELD_POLL_S)
+                await asyncio.sleep(self._poll_s)
                 await self._read()
         finally:
             await self._pod_resources.close()

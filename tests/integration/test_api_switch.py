@@ -18,7 +18,6 @@ from agents.api import podresources_pb2_grpc as pr_grpc
 from agents.core.device import DeviceSpec
 from agents.dra.cdi import CdiDevice, CdiSpecs
 from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
-from agents.dra.holdings import POLL_S
 from agents.standin.kubelet import Kubelet
 from tests.conditions import PROCESS_WAIT as WAIT
 from tests.conditions import async_wait_until
@@ -30,12 +29,18 @@ DRIVERS = ("gpu.nvidia.com", "roce.node-agents.io")
 
 
 class _Lister(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
-    """The kubelet's pod-resources List, with the DRA claims its containers hold."""
+    """The kubelet's pod-resources List, with the DRA claims its containers hold (or no
+    answer, while `failing`); `calls` counts the agent's questions."""
 
     def __init__(self) -> None:
         self.claims: list[tuple[str, str]] = []
+        self.failing = False
+        self.calls = 0
 
     async def List(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        if self.failing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
         return pr.ListPodResourcesResponse(
             pod_resources=[
                 pr.PodResources(
@@ -79,6 +84,16 @@ def held_claim(root: Path, gpu: str, nic: str) -> None:
         CdiSpecs(root / "cdi").write(driver, "u1", [CdiDevice(device.device, node)], claim.env)
 
 
+async def _asked(servicer: _Lister, times: int) -> None:
+    """Until the agent asked pod-resources `times` times: it has acted on every answer
+    before the last (it asks again only once it has)."""
+    await async_wait_until(lambda: servicer.calls >= times, WAIT, f"{times} questions")
+
+
+def _checkpoint(root: Path, driver: str) -> ClaimCheckpoint:
+    return ClaimCheckpoint(root / "plugins" / driver / "checkpoint.json")
+
+
 def listed(kubelet: Kubelet, resource: str) -> set[str]:
     view = kubelet.resource(resource)
     return set(view.devices) if view is not None else set()
@@ -108,18 +123,21 @@ async def test_devices_of_dra_claims_come_back_when_the_claims_end(
     args: list[str],
     kubelet: Kubelet,
     lister: tuple[_Lister, Path],
-    start_agent: Callable[[Sequence[str]], AgentProcess],
+    start_agent: Callable[..., AgentProcess],
 ) -> None:
     servicer, socket = lister
     gpu, nic = held
     servicer.claims.append(("ns", "c1"))  # its pod still runs
-    start_agent([*args, "--pod-resources-socket", str(socket)])
+    start_agent([*args, "--pod-resources-socket", str(socket)], short_timing=True)
     await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 7, NIC: 7}, WAIT)
     assert gpu not in listed(kubelet, GPU)
     assert nic not in listed(kubelet, NIC)
+    await _asked(servicer, 3)  # answers that name the claim free nothing
+    assert kubelet.allocatable() == {GPU: 7, NIC: 7}
+    assert list(_checkpoint(tmp_path, "gpu.nvidia.com").load()) == ["u1"]
 
     servicer.claims.clear()  # the pod ended
-    await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 8, NIC: 8}, WAIT + POLL_S)
+    await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 8, NIC: 8}, WAIT)
     for driver in ("gpu.nvidia.com", "roce.node-agents.io"):
         assert ClaimCheckpoint(tmp_path / "plugins" / driver / "checkpoint.json").load() == {}
         assert CdiSpecs(tmp_path / "cdi").written(driver) == []
@@ -128,17 +146,23 @@ async def test_devices_of_dra_claims_come_back_when_the_claims_end(
 async def test_without_pod_resources_the_devices_stay_out(
     tmp_path: Path,
     held: tuple[str, str],
+    *,
     args: list[str],
     kubelet: Kubelet,
-    start_agent: Callable[[Sequence[str]], AgentProcess],
+    lister: tuple[_Lister, Path],
+    start_agent: Callable[..., AgentProcess],
 ) -> None:
-    agent = start_agent([*args, "--pod-resources-socket", str(tmp_path / "none.sock")])
+    """No answer is no news: the claim outlives more unanswered questions in a row than
+    would free it were they answers that do not name it."""
+    servicer, socket = lister
+    servicer.failing = True
+    agent = start_agent([*args, "--pod-resources-socket", str(socket)], short_timing=True)
     await kubelet.wait_until(lambda k: k.allocatable() == {GPU: 7, NIC: 7}, WAIT)
     assert held[0] not in listed(kubelet, GPU)
-    await async_wait_until(lambda: "pod_resources_unavailable" in agent.stderr, WAIT + POLL_S)
+    await _asked(servicer, 3)  # the second unanswered one has been acted on
+    assert "pod_resources_unavailable" in agent.stderr
     assert kubelet.allocatable() == {GPU: 7, NIC: 7}
-    checkpoint = ClaimCheckpoint(tmp_path / "plugins" / "gpu.nvidia.com" / "checkpoint.json")
-    assert list(checkpoint.load()) == ["u1"]
+    assert list(_checkpoint(tmp_path, "gpu.nvidia.com").load()) == ["u1"]
 
 
 async def test_the_kubelet_unprepares_through_the_drivers_served_meanwhile(

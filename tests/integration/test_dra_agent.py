@@ -15,7 +15,6 @@ from typing import Any
 
 from agents.api import dra_health_pb2
 from agents.dra.runtime import REGISTRATION_WAIT_S
-from agents.plugin.leftovers import HELD_POLL_S
 from agents.standin.admission import AllocatedContainer, PodAllocation
 from agents.standin.checkpoint import (
     CHECKPOINT_NAME,
@@ -293,15 +292,16 @@ async def test_devices_running_pods_hold_through_device_plugins_stay_out_until_t
     lister = PodResourcesServer(dra_node.root / "pod-resources.sock", lambda: running)
     await lister.start()
     try:
-        dra_node.start_agent(dra_node.args(node_file))
+        dra_node.start_agent(dra_node.args(node_file), short_timing=True)
         await dra_node.watcher.registered(GPU, WAIT)
         await dra_node.wait(lambda: len(dra_node.devices(GPU)) == 7)
+        await dra_node.wait(lambda: lister.calls >= 3)  # asked again while the pod runs
         assert "gpu-5" not in dra_node.devices(GPU)
         dra_node.claim("early", [("gpu", GPU, "gpu-5")])
         answer = await dra_node.kubelet.prepare(GPU, [ref("early")])
         assert "device-plugin" in answer.claims["early"].error
         running.clear()  # the pod is deleted
-        await dra_node.wait(lambda: "gpu-5" in dra_node.devices(GPU), WAIT + HELD_POLL_S)
+        await dra_node.wait(lambda: "gpu-5" in dra_node.devices(GPU))
         answer = await dra_node.kubelet.prepare(GPU, [ref("early")])
         assert answer.claims["early"].error == ""
     finally:

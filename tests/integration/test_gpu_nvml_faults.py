@@ -25,6 +25,7 @@ from agents.hw.nvml import NVSWITCH_BUS_ID
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.tasks import until
+from agents.timing import Timing
 from hack.benchlib.gpu_choice import choose_gpus
 from tests.conditions import async_wait_until, wait_until
 from tests.families import gpu_family
@@ -91,7 +92,9 @@ async def test_hung_gpu_turns_unhealthy_after_the_bound_while_others_are_still_p
     shutil.copy(bundled_node("h100-8gpu-8nic"), node_file)
     node = SimulatedNode(node_file, tmp_path / "root")
     node.load()
-    family = gpu_family(node.nvml, node.sysfs, Config.default(), hang_s=HANG_BOUND_S)
+    family = gpu_family(
+        node.nvml, node.sysfs, Config.default(), timing=Timing(gpu_hang_s=HANG_BOUND_S)
+    )
     uuids = [g.uuid for g in family.gpus]
     stop = asyncio.Event()
     tasks = [
