@@ -111,20 +111,34 @@ class UnixServer:
         self._inode = None
 
 
+class Socket(Protocol):
+    """A socket as `keep_serving` sees it: where it lives, and whether ours is there."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def present(self) -> bool: ...
+
+
 class Kept(Protocol):
     """Something served on sockets that `keep_serving` watches."""
 
     @property
     def name(self) -> str: ...
 
-    def sockets(self) -> Sequence[UnixServer]: ...
+    def sockets(self) -> Sequence[Socket]: ...
 
     async def restart(self) -> None: ...
 
 
-async def keep_serving(kept: Callable[[], Iterable[Kept]], *, event: str) -> None:
+async def keep_serving(
+    kept: Callable[[], Iterable[Kept]], *, event: str, guard: asyncio.Lock | None = None
+) -> None:
     """Serve again whatever of `kept` lost a socket (logged as `event`), until cancelled.
-    The sockets' directories are watched with inotify: nothing runs while they stay."""
+    The sockets' directories are watched with inotify: nothing runs while they stay.
+    An owner that also restarts or stops what it keeps holds `guard` meanwhile: a socket
+    it is replacing is missing for a moment, and is not ours to serve again."""
+    guard = guard or asyncio.Lock()
     while True:
         now = list(kept())
         dirs = {s.path.parent for k in now for s in k.sockets()}
@@ -137,10 +151,11 @@ async def keep_serving(kept: Callable[[], Iterable[Kept]], *, event: str) -> Non
                 await asyncio.sleep(UNWATCHED_CHECK_S)
             elif all(s.present() for k in now for s in k.sockets()):
                 await first(*(w.changed() for w in watches))
-            for item in now:
-                if not all(s.present() for s in item.sockets()):
-                    log.warning(event, name=item.name)
-                    await item.restart()
+            async with guard:
+                for item in list(kept()):  # what is kept now: the owner may have changed it
+                    if not all(s.present() for s in item.sockets()):
+                        log.warning(event, name=item.name)
+                        await item.restart()
         finally:
             for watch in watches:
                 watch.close()

@@ -9,14 +9,14 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
 from agents.kernel.socket_server import UnixServer, keep_serving
-from tests.conditions import async_wait_until
+from tests.conditions import WAIT, async_wait_until
 
 
 class _Info(reg_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -121,3 +121,64 @@ async def test_a_server_that_stops_spares_the_socket_its_successor_serves_on_the
     finally:
         await new.stop()
     assert os.listdir(tmp_path) == []
+
+
+class _Asked(asyncio.Lock):
+    """A guard that says when someone asks for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        self.asked.set()
+        return await super().acquire()
+
+
+async def test_a_socket_its_owner_replaces_under_the_guard_is_left_to_the_owner(
+    tmp_path: Path,
+) -> None:
+    kept = _Kept(UnixServer(tmp_path / "s.sock", _add))
+    await kept.server.start()
+    guard = _Asked()
+    keeping = asyncio.create_task(keep_serving(lambda: [kept], event="test", guard=guard))
+    try:
+        async with guard:  # the owner restarts its own server
+            guard.asked.clear()
+            await kept.server.stop()
+            await asyncio.wait_for(guard.asked.wait(), WAIT)  # keep_serving saw it missing
+            await kept.server.start()
+        async with guard:  # after keep_serving's look (the lock is first come, first served)
+            assert kept.restarts == 0
+    finally:
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        await kept.server.stop()
+
+
+async def test_what_is_no_longer_kept_when_keep_serving_looks_is_not_served_again(
+    tmp_path: Path,
+) -> None:
+    stays = _Kept(UnixServer(tmp_path / "a.sock", _add))
+    goes = _Kept(UnixServer(tmp_path / "b.sock", _add))
+    kept = [stays, goes]
+    for item in kept:
+        await item.server.start()
+    guard = _Asked()
+    keeping = asyncio.create_task(keep_serving(lambda: kept, event="test", guard=guard))
+    try:
+        async with guard:
+            guard.asked.clear()
+            await stays.server.stop()
+            await asyncio.wait_for(guard.asked.wait(), WAIT)  # it saw both, and waits
+            kept.remove(goes)  # the owner withdraws one meanwhile, and stops it
+            await goes.server.stop()
+            await stays.server.start()
+        async with guard:  # after keep_serving's look
+            assert goes.restarts == 0 and not goes.server.present()
+            assert stays.restarts == 0 and stays.server.present()
+    finally:
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        await stays.server.stop()
+        await goes.server.stop()
