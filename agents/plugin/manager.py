@@ -1,11 +1,12 @@
 """Keeps every resource served and registered with the kubelet, across kubelet restarts.
 
 The device-plugin directory is watched with inotify: a new kubelet.sock means a kubelet
-(re)start, a deleted socket of ours means the kubelet cleaned the directory; both lead
-to a fresh server and a new Register. The kubelet's ListAndWatch stream ending while we
-run also leads to a new Register, since the kubelet never reopens it by itself; streams of
-other clients end without consequence. A resource without devices is neither served nor
-registered until it has some. While kubelet.sock is missing, the log says so now and then.
+(re)start, and every resource registers again. A deleted socket of ours (the kubelet
+cleaned the directory) is served afresh by the kernel's `keep_serving`, and that resource
+registers again. The kubelet's ListAndWatch stream ending while we run also leads to a
+new Register, since the kubelet never reopens it by itself; streams of other clients end
+without consequence. A resource without devices is neither served nor registered until
+it has some. While kubelet.sock is missing, the log says so now and then.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 from agents.kernel.catalogue import Resource, Withheld
 from agents.kernel.offer import Offer
+from agents.kernel.socket_server import Socket, keep_serving
 from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.plugin.server import DevicePluginServer, socket_name
 from agents.tasks import first
@@ -69,6 +71,9 @@ class PluginManager:
             self._add(self._server(resource))
         self._unregistered: set[str] = set(self.servers)
         self._wake = asyncio.Event()
+        # Held while we restart or stop a served resource, so keep_serving does not take
+        # its socket, missing for that moment, as deleted.
+        self._restarting = asyncio.Lock()
         self.registrations = 0
         # kubelet.sock's inode at each resource's last Register: a creation event for a
         # kubelet we already registered with (after a lost stream) needs no second Register,
@@ -104,7 +109,7 @@ class PluginManager:
         return DevicePluginServer(
             resource,
             self.plugin_dir,
-            on_stream_lost=self._stream_lost,
+            on_stream_lost=self._register_again,
             telemetry=self._telemetry,
             before_preferred=None if hook is None else functools.partial(hook, resource.name),
             withheld=self._withheld,
@@ -140,17 +145,20 @@ class PluginManager:
         except FileNotFoundError:
             return None
 
-    def _stream_lost(self, resource: str) -> None:
+    def _register_again(self, resource: str) -> None:
         self._unregistered.add(resource)
         self._wake.set()
 
     async def run(self) -> None:
         """Serve and register until cancelled; then stop every server (sockets removed)."""
-        with DirectoryWatch(self.plugin_dir) as watch:
+        with DirectoryWatch(self.plugin_dir, Change.CREATED | Change.DIR_GONE) as watch:
             try:
                 for server in list(self.servers.values()):
                     await server.start()
-                await self._loop(watch)
+                await first(
+                    self._loop(watch),
+                    keep_serving(self._kept, event="plugin_socket_removed", guard=self._restarting),
+                )
             finally:
                 for server in list(self.servers.values()):
                     await server.stop()
@@ -164,14 +172,15 @@ class PluginManager:
         for name in [n for n in [*self.servers, *self.idle] if n not in wanted]:
             gone = self.servers.pop(name, None) or self.idle.pop(name)
             self._unregistered.discard(name)
-            await gone.stop()
+            async with self._restarting:
+                await gone.stop()
             log.info("resource_withdrawn", resource=name)
         for name, resource in wanted.items():
             server = self.servers.get(name) or self.idle.get(name)
             if server is None:
                 new = self._server(resource)
                 if resource.inventory.devices:
-                    await new.start()  # before the loop sees it, which would restart it
+                    await new.start()  # before keep_serving sees it, which would restart it
                     self._unregistered.add(name)
                 self._add(new)
                 continue
@@ -190,10 +199,13 @@ class PluginManager:
                 self.servers[name] = self.idle.pop(name)
                 self._unregistered.add(name)
 
+    def _kept(self) -> list[_Kept]:
+        return [_Kept(self, s) for s in (*self.servers.values(), *self.idle.values())]
+
     async def _loop(self, watch: DirectoryWatch) -> None:
         delay = RETRY_INITIAL_S
         while True:
-            await self._handle(watch.drain())
+            self._handle(watch.drain())
             await self._serve_idle()
             present = self.kubelet_socket.exists()
             if self._unregistered and present:
@@ -231,7 +243,7 @@ class PluginManager:
             within=retry_in,
         )
 
-    async def _handle(self, events: list[FsEvent]) -> None:
+    def _handle(self, events: list[FsEvent]) -> None:
         for event in events:
             if event.change & Change.DIR_GONE:
                 raise RuntimeError(f"device-plugin directory {self.plugin_dir} was removed")
@@ -243,11 +255,6 @@ class PluginManager:
                     for n in self.servers
                     if kubelet is None or self._registered_with.get(n) != kubelet
                 )
-        for name, server in list(self.servers.items()):
-            if not server.socket_present():
-                log.warning("plugin_socket_removed", resource=name)
-                await server.restart()
-                self._unregistered.add(name)
 
     async def _register_pending(self) -> bool:
         for name in sorted(self._unregistered):
@@ -259,12 +266,13 @@ class PluginManager:
 
     async def _register(self, server: DevicePluginServer) -> bool:
         name = server.resource.name
-        if server.open_streams or server.frozen or not server.socket_present():
-            # An old stream ending after a new Register can cut the new endpoint off:
-            # serve afresh so every old stream is closed before we register. A starting
-            # kubelet may also have removed our socket since the last look; registering
-            # it would leave the kubelet dialling nothing until the Register times out.
-            await server.restart()
+        async with self._restarting:
+            if server.open_streams or server.frozen or not server.socket_present():
+                # An old stream ending after a new Register can cut the new endpoint off:
+                # serve afresh so every old stream is closed before we register. A starting
+                # kubelet may also have removed our socket since the last look; registering
+                # it would leave the kubelet dialling nothing until the Register times out.
+                await server.restart()
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=server.socket_path.name,
@@ -286,3 +294,30 @@ class PluginManager:
         self._telemetry.registered(name)
         log.info("registered", resource=name, endpoint=server.socket_path.name)
         return True
+
+
+class _Kept:
+    """A resource as keep_serving sees it. One not served (no devices yet, or withdrawn)
+    has no socket to keep: it counts as present, and keeps the directory watched."""
+
+    def __init__(self, manager: PluginManager, server: DevicePluginServer) -> None:
+        self._manager = manager
+        self._server = server
+        self.name = server.resource.name
+        self.path = server.socket_path
+
+    def sockets(self) -> Sequence[Socket]:
+        return (self,)
+
+    def present(self) -> bool:
+        served = self._manager.servers.get(self.name) is self._server
+        return not served or self._server.socket_present()
+
+    async def restart(self) -> None:
+        """Our socket was deleted (the kubelet cleaned the directory): serve afresh, and
+        register again, for the kubelet drops a resource whose socket it removed."""
+        plugin_dir = self._manager.plugin_dir
+        if not plugin_dir.is_dir():
+            raise RuntimeError(f"device-plugin directory {plugin_dir} was removed")
+        await self._server.restart()
+        self._manager._register_again(self.name)
