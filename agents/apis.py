@@ -7,13 +7,10 @@ from collections.abc import Sequence
 
 from agents.dra.api import DraApi
 from agents.errors import ConfigError
-from agents.kernel.runtime import Api, Serve
-from agents.plugin.api import DevicePluginApi, DevicePlugins
+from agents.kernel.runtime import Api
+from agents.plugin.api import DevicePluginApi
 
 APIS: tuple[Api, ...] = (DevicePluginApi(), DraApi())
-
-# What the first API serves with no command line (an agent built in-process).
-PLAIN: Serve = DevicePlugins()
 
 
 def api_named(name: str, among: Sequence[Api] = APIS) -> Api:

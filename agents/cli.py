@@ -25,9 +25,9 @@ from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.backends import Backends
-    from agents.cluster.node_labels import NodeLabeller
+    from agents.cluster.node_labeller import NodeLabeller
     from agents.daemon import Agent, HealthReporter
-    from agents.family import FamilyKind
+    from agents.family import AnyKind
     from agents.kernel.runtime import Api
     from agents.nodeconfig import NodeConfigs
 
@@ -124,7 +124,6 @@ def _run_agent(opts: argparse.Namespace) -> int:
     config = None if opts.config_dir else _read_config(opts.config)
     kinds = parse_families(opts.families)
     source = str(opts.config) if opts.config else "<defaults>"
-    opts.device_plugin_dir.mkdir(parents=True, exist_ok=True)
     try:
         return asyncio.run(_serve(opts, config, source, kinds))
     except AgentError:
@@ -135,7 +134,7 @@ def _run_agent(opts: argparse.Namespace) -> int:
 
 
 async def _serve(
-    opts: argparse.Namespace, config: Config | None, source: str, kinds: Sequence[FamilyKind]
+    opts: argparse.Namespace, config: Config | None, source: str, kinds: Sequence[AnyKind]
 ) -> int:
     if config is not None:
         return await _serve_config(opts, config, source, kinds, None)
@@ -154,7 +153,7 @@ async def _serve_config(
     opts: argparse.Namespace,
     config: Config,
     source: str,
-    kinds: Sequence[FamilyKind],
+    kinds: Sequence[AnyKind],
     configs: NodeConfigs | None,
 ) -> int:
     from agents.backends import real_backends, simulated_backends
@@ -180,14 +179,12 @@ async def _serve_config(
         agent = Agent(
             config,
             source,
-            opts.device_plugin_dir,
+            serve,
             backends,
             kinds,
             metrics_address=opts.metrics_address,
             nfd_features_file=opts.nfd_features_file,
-            pod_resources_socket=opts.pod_resources_socket,
             reporter=reporter,
-            api=serve,
             leftovers=[other.leftovers(opts) for other in opts.apis if other is not api],
             node_labeller=labeller,
             timing=opts.timing,
@@ -210,11 +207,7 @@ async def _serve_agent(agent: Agent, reloads: Callable[[], Coroutine[None, None,
     await agent.start()
     # After the plugins have registered, not before: a full collection takes 5-10 ms.
     asyncio.get_running_loop().call_later(FREEZE_AFTER_S, _freeze_heap)
-    log.info(
-        "agent_started",
-        plugin_dir=str(agent.plugin_dir),
-        families=[k.name for k in agent.kinds],
-    )
+    log.info("agent_started", families=[k.name for k in agent.kinds])
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(agent.serve())

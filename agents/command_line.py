@@ -265,10 +265,13 @@ def parse_args(argv: Sequence[str] | None, apis: Sequence[Api] | None = None) ->
     if getattr(opts, "log_level", "info") not in LOG_LEVELS:
         levels = ", ".join(LOG_LEVELS)
         _subparser(parser, "run").error(f"{LOG_LEVEL_ENV}: one of {levels}, not {opts.log_level!r}")
-    if getattr(opts, "dra_evict_unhealthy", False) and not opts.dra_device_taints:
-        _subparser(parser, "run").error("--dra-evict-unhealthy: only with --dra-device-taints")
     if opts.command == "run":
-        _config_dir_args(_subparser(parser, "run"), opts)
+        run = _subparser(parser, "run")
+        for api in apis:  # each API checks its own flags
+            error = api.flags_error(opts)
+            if error is not None:
+                run.error(error)
+        _config_dir_args(run, opts)
     return opts
 
 

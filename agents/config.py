@@ -39,7 +39,7 @@ from agents.configschema import (
     vendor,
 )
 from agents.core.degraded import Limits
-from agents.core.fabric import LABEL_KEY_SETS
+from agents.core.fabric_place import LABEL_KEY_SETS
 from agents.errors import ConfigError
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from agents.core.fabric import is_label_value
+from agents.core.fabric_place import is_label_value
 
 if TYPE_CHECKING:
     import yaml

@@ -1,6 +1,6 @@
 """The agent process: families built from the config and served through one kubelet API
-(agents/apis.py), with pairing, health fan-out, labels, metrics and cluster reports
-beside them.
+(agents/apis.py), with that API's pairing, health fan-out, labels, metrics and cluster
+reports beside them.
 
 Discovery runs off the event loop and returns values; everything live (families,
 pairing, resources) changes on the loop, only once a start or reload can no longer fail.
@@ -17,23 +17,22 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
-from agents.apis import PLAIN
 from agents.backends import Backends
 from agents.config import Config
 from agents.core.health import DeviceHealth
+from agents.core.ledger import GPU, NIC, PAIRED_KINDS
+from agents.core.topology import pairs_label
 from agents.families import KINDS
-from agents.family import Context, Family, FamilyKind, FamilyResource, config_view
-from agents.health import HealthFanout
+from agents.family import AnyKind, Context, Family, FamilyResource, config_view
+from agents.health_fanout import HealthFanout
 from agents.kernel.handover import Holdings, Together
-from agents.kernel.kubelet_facts import CheckpointFile, PodResources
-from agents.kernel.runtime import Host, Runtime, Serve
+from agents.kernel.runtime import Host, Pairs, Runtime, Serve
 from agents.kernel.telemetry import NoTelemetry, Telemetry
-from agents.pairing import PAIRED_KINDS, Pairing, pairs_label
 from agents.tasks import Supervisor, cause, off_loop, until
 from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
-    from agents.cluster.node_labels import NodeLabeller
+    from agents.cluster.node_labeller import NodeLabeller
     from agents.metrics import Metrics, MetricsServer
 
 log = structlog.get_logger(__name__)
@@ -54,15 +53,13 @@ class HealthReporter(Protocol):
 class Agent:
     config: Config
     config_source: str
-    plugin_dir: Path
+    api: Serve  # the API the families are served through (agents/apis.py)
     backends: Backends
-    kinds: Sequence[FamilyKind] = KINDS
+    kinds: Sequence[AnyKind] = KINDS
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     metrics_address: str | None = None
     nfd_features_file: Path | None = None
-    pod_resources_socket: Path | None = None
     reporter: HealthReporter | None = None
-    api: Serve = PLAIN  # the API the families are served through (agents/apis.py)
     # What pods or claims of the other APIs still hold: not offered until freed.
     leftovers: Sequence[Holdings] = ()
     # --label-node: the fabric's labels patched onto this node's Node.
@@ -72,11 +69,10 @@ class Agent:
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
         self.manager: Runtime | None = None
-        # One pairing for the agent's life: the kubelet's facts outlive a config reload.
-        self.pairing: Pairing | None = None
-        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS and self.api.pairs:
-            facts = CheckpointFile(self.plugin_dir), PodResources(self.pod_resources_socket)
-            self.pairing = Pairing(*facts)
+        # Where the API pairs and families of both kinds run: one for the agent's life.
+        self.pairing: Pairs | None = None
+        if {k.pairs_as for k in self.kinds} >= PAIRED_KINDS:
+            self.pairing = self.api.pairing()
         self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
         if self.metrics_address is not None:
@@ -117,7 +113,7 @@ class Agent:
             located = {
                 k.pairs_as: self.families[k.name].locations() for k in self.kinds if k.pairs_as
             }
-            labels |= pairs_label(located)
+            labels |= pairs_label(located.get(GPU, {}), located.get(NIC, {}))
         return labels
 
     def serving(self) -> bool:
@@ -135,9 +131,8 @@ class Agent:
                 await held.load(fresh)
             host = Host(
                 lambda: list(self.families.values()),
-                self.plugin_dir,
+                lambda: self.config,
                 self.telemetry,
-                before_preferred=self.pairing.refresh if self.pairing is not None else None,
                 withheld=held,
             )
             manager = self.api.runtime(fresh, host)
@@ -153,7 +148,7 @@ class Agent:
             self.metrics.watch_resources(self.resources)
         return manager
 
-    async def _make(self, kinds: Sequence[FamilyKind], config: Config, source: str) -> list[Family]:
+    async def _make(self, kinds: Sequence[AnyKind], config: Config, source: str) -> list[Family]:
         """Families of `config`, discovered off the loop and built on it; nothing of the
         agent is changed. Raises ConfigError or BackendError, holding nothing then."""
         made: list[Family] = []
@@ -172,7 +167,7 @@ class Agent:
             raise
         return made
 
-    def _context(self, kind: FamilyKind, config: Config) -> Context:
+    def _context(self, kind: AnyKind, config: Config) -> Context:
         side = None
         if self.pairing is not None and kind.pairs_as is not None and config.pairing.enabled:
             side = self.pairing.side(kind.pairs_as)

@@ -27,6 +27,7 @@ from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.kernel.catalogue import Inventory
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.sim.bundled import DEMO_NODE, bundled_node
 from agents.standin.admission import Container, Pod, PodAllocation
@@ -60,9 +61,8 @@ class Demo:
             agent = Agent(
                 parse_config(DEMO_CONFIG, "<demo>"),
                 "<demo>",
-                self.plugin_dir,
+                DevicePlugins(self.plugin_dir, self.pod_resources),
                 backends,
-                pod_resources_socket=self.pod_resources,
                 timing=Timing(signal_probe_s=SIGNAL_PROBE_S),
             )
             await agent.start()

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1, fnv1a64
+from agents.core.fabric_place import LEAF_GROUP, SPINE, TIER_0, TIER_1, fnv1a64
 from agents.errors import AgentError
 
 FORMATS = ("table", "kueue", "volcano")

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from agents.errors import ConfigError
-from agents.family import FamilyKind
+from agents.family import AnyKind
 from agents.gpu.kind import GpuKind
 from agents.roce.kind import RoceKind
 
-KINDS: tuple[FamilyKind, ...] = (GpuKind(), RoceKind())
+KINDS: tuple[AnyKind, ...] = (GpuKind(), RoceKind())
 
 
-def parse_families(text: str | None) -> tuple[FamilyKind, ...]:
+def parse_families(text: str | None) -> tuple[AnyKind, ...]:
     """The kinds named in a --families value ("gpu,roce"), in the order of KINDS; all of
     them when it is not given (None)."""
     if text is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from agents.config import Config
 from agents.core.health import DeviceHealth
@@ -53,7 +53,7 @@ class Located:
 
 class HealthSink(Protocol):
     """Where a family hands each device's health, on the event loop, as it evaluates it:
-    the one path to the log, metrics and the cluster (agents.health)."""
+    the one path to the log, metrics and the cluster (agents.health_fanout)."""
 
     def publish(self, states: Iterable[DeviceHealth]) -> None: ...
 
@@ -122,7 +122,10 @@ class Family(Offer, Protocol):
         ...
 
 
-class FamilyKind(Protocol):
+Found = TypeVar("Found")  # what a kind's discovery finds, as plain values
+
+
+class FamilyKind(Protocol[Found]):
     """How a family is made. `discover` runs off the event loop and returns values only;
     `build` runs on the loop and changes nothing outside the family it returns."""
 
@@ -130,12 +133,12 @@ class FamilyKind(Protocol):
     sections: tuple[str, ...]  # the Config fields it reads; only these reach it
     pairs_as: str | None  # its kind in the GPU<->NIC ledger, or None
 
-    def discover(self, config: Config, backends: Backends, source: str) -> Any:
+    def discover(self, config: Config, backends: Backends, source: str) -> Found:
         """Blocking; `source` names the config in errors. Raises ConfigError or
         BackendError, holding nothing then."""
         ...
 
-    def build(self, found: Any, config: Config, context: Context) -> Family: ...
+    def build(self, found: Found, config: Config, context: Context) -> Family: ...
 
     def named_devices(self, config: Config) -> Config:
         """`config` as this family runs where devices are claimed one by one by name and
@@ -144,7 +147,11 @@ class FamilyKind(Protocol):
         ...
 
 
-def config_view(kind: FamilyKind, config: Config) -> Config:
+# Kinds of families together, each with what its own discovery finds.
+AnyKind: TypeAlias = "FamilyKind[Any]"
+
+
+def config_view(kind: AnyKind, config: Config) -> Config:
     """`config` as `kind` sees it: its own sections, every other one at its default. A
     family is built from this view and rebuilt when it changes, so a key a family reads is
     one whose change rebuilds it."""

@@ -94,8 +94,8 @@ def _links_down(reading: GpuReading, expected: int) -> list[SignalVerdict]:
 
 def _graded(out: list[SignalVerdict]) -> Graded:
     """The worst grade among the verdicts, with their messages."""
-    worst = [v for v in out if v.grade == "unhealthy"] or out
+    worst = [v for v in out if v.level == "unhealthy"] or out
     if not worst:
         return Graded("Healthy")
-    grade = "Unhealthy" if worst[0].grade == "unhealthy" else "Degraded"
+    grade = "Unhealthy" if worst[0].level == "unhealthy" else "Degraded"
     return Graded(grade, tuple(v.message for v in worst))

@@ -120,7 +120,7 @@ class NodeConfigs:
         if self.api is None:
             return
         from agents.cluster.client import ApiError, UnreachableError
-        from agents.cluster.node_label import read_label
+        from agents.cluster.label_watch import read_label
 
         try:
             self.label, _ = await read_label(self.api.client, self.api.node, self.label_key)
@@ -203,7 +203,7 @@ class NodeConfigs:
 
         waits = [self._apply_changes(agent), self._watch_dir(), self._on(hup)]
         if self.api is not None:
-            from agents.cluster.node_label import follow_label
+            from agents.cluster.label_watch import follow_label
 
             waits.append(
                 follow_label(self.api.client, self.api.node, self.label_key, self.label_seen)

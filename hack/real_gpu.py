@@ -25,6 +25,7 @@ from agents.errors import AgentError
 from agents.families import parse_families
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE, MIG_PREFIX
+from agents.plugin.api import DevicePlugins
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 
 WAIT_S = 20.0
@@ -87,7 +88,11 @@ async def smoke(config: Config, source: str, plugin_dir: Path) -> None:
     stop = asyncio.Event()
     try:
         agent = Agent(
-            config, source, plugin_dir, real_backends(), parse_families(",".join(families()))
+            config,
+            source,
+            DevicePlugins(plugin_dir),
+            real_backends(),
+            parse_families(",".join(families())),
         )
         await agent.start()  # BackendError when NVML cannot initialise
         gpu = agent.family(GpuFamily)

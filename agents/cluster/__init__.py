@@ -15,7 +15,7 @@ from agents.cluster.access import Access, from_kubeconfig, in_cluster
 from agents.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:
-    from agents.cluster.node_labels import NodeLabeller
+    from agents.cluster.node_labeller import NodeLabeller
     from agents.cluster.reporter import Reporter
 
 log = structlog.get_logger(__name__)
@@ -74,7 +74,7 @@ async def node_labeller(
         )
         return None
     from agents.cluster.client import ApiClient
-    from agents.cluster.node_labels import NodeLabeller
+    from agents.cluster.node_labeller import NodeLabeller
 
     return NodeLabeller(node, ApiClient(access))
 

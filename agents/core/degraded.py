@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-Grade = Literal["healthy", "degraded", "unhealthy"]
+# How bad a verdict is, in the words of the signal tables; the device's grade that follows
+# from it is agents.core.health.Grade.
+Level = Literal["healthy", "degraded", "unhealthy"]
 Figure = int | float | str
 Clock = Callable[[], float]  # seconds, monotonic
 PROBE_INTERVAL_S = 5.0  # counters are read at most this often
-_RANK: dict[Grade, int] = {"healthy": 0, "degraded": 1, "unhealthy": 2}
+_RANK: dict[Level, int] = {"healthy": 0, "degraded": 1, "unhealthy": 2}
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class SignalVerdict:
-    """One signal out of limits: its name, its grade, the figures behind it, and what an
+    """One signal out of limits: its name, its level, the figures behind it, and what an
     operator reads (`PCIe link x8 of x16`). `held`: within limits again, but not yet for
-    the hold time, so the device keeps this grade."""
+    the hold time, so the device keeps this level."""
 
     signal: str
-    grade: Literal["degraded", "unhealthy"]
+    level: Literal["degraded", "unhealthy"]
     message: str
     figures: tuple[tuple[str, Figure], ...] = ()
     held: bool = False
@@ -57,14 +59,14 @@ class DeviceVerdict:
     unknown: tuple[Unknown, ...] = ()  # newly unknown at this probe: for the caller to log
 
     @property
-    def grade(self) -> Grade:
-        grades: list[Grade] = ["healthy", *(s.grade for s in self.signals)]
-        return max(grades, key=_RANK.__getitem__)
+    def level(self) -> Level:
+        levels: list[Level] = ["healthy", *(s.level for s in self.signals)]
+        return max(levels, key=_RANK.__getitem__)
 
     @property
     def message(self) -> str:
-        """The messages of the signals of the device's grade, joined."""
-        return "; ".join(s.message for s in self.signals if s.grade == self.grade)
+        """The messages of the signals of the device's level, joined."""
+        return "; ".join(s.message for s in self.signals if s.level == self.level)
 
 
 class Hold:

@@ -1,9 +1,8 @@
-"""What a family advertises and what Allocate answers, free of any wire format."""
+"""What a family advertises and what a container is given, free of any API's wire form."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -28,8 +27,8 @@ class Device:
 
 
 @dataclass(frozen=True)
-class DeviceSpec:
-    """A device node passed into the container."""
+class DeviceNode:
+    """A device node the container opens: its path inside, and where it is on the host."""
 
     container_path: str
     host_path: str
@@ -38,17 +37,8 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class Mount:
+    """A file or directory of the host mounted into the container."""
+
     container_path: str
     host_path: str
     read_only: bool = True
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """Everything one container gets for its devices of one resource."""
-
-    envs: Mapping[str, str] = field(default_factory=dict)
-    devices: tuple[DeviceSpec, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    cdi_devices: tuple[str, ...] = ()

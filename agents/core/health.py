@@ -287,7 +287,7 @@ def signal_cause(verdicts: Iterable[SignalVerdict]) -> Signal | Signals | None:
             v.signal,
             v.message,
             tuple(v.figures),
-            Grade.UNHEALTHY if v.grade == "unhealthy" else Grade.DEGRADED,
+            Grade.UNHEALTHY if v.level == "unhealthy" else Grade.DEGRADED,
         )
         for v in verdicts
     )

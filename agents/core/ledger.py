@@ -23,13 +23,14 @@ from typing import Protocol
 
 from agents.core import pairing
 from agents.core.budget import Expired, never
-from agents.core.checkpoint import Checkpoint
 from agents.core.healthy_first import healthy_first
+from agents.core.kubelet_checkpoint import Checkpoint
 from agents.core.pairing import PairView, Partners
 from agents.core.subsets import PairCosts
 from agents.core.topology import PciLocation
 
 GPU, NIC = "gpu", "nic"
+PAIRED_KINDS = frozenset({GPU, NIC})  # pairing runs when families of both kinds do
 OTHER = {GPU: NIC, NIC: GPU}
 KINDS = (GPU, NIC)
 

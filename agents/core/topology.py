@@ -137,3 +137,15 @@ def nvswitch_fabric(switch_links: Mapping[str, int]) -> dict[frozenset[str], int
         for i, a in enumerate(on_fabric)
         for b in on_fabric[i + 1 :]
     }
+
+
+def pairs_label(gpus: Mapping[str, PciLocation], nics: Mapping[str, PciLocation]) -> dict[str, str]:
+    """The node label that says whether some GPU and NIC share a PCIe switch (PIX or PXB),
+    from where the devices of each kind sit."""
+    topology = Topology(dict(gpus), dict(nics))
+    close = any(
+        topology.pair_distance(gpu, next(iter(near))) <= Distance.PXB
+        for gpu, near in topology.pairs().items()
+        if near
+    )
+    return {"gpu-nic.pairs": str(close).lower()}

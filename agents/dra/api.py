@@ -61,6 +61,11 @@ class DraApi:
             "that the pods using it are evicted and placed again",
         )
 
+    def flags_error(self, opts: argparse.Namespace) -> str | None:
+        if opts.dra_evict_unhealthy and not opts.dra_device_taints:
+            return "--dra-evict-unhealthy: only with --dra-device-taints"
+        return None
+
     async def serve(self, opts: argparse.Namespace, env: Mapping[str, str]) -> Serve:
         """ConfigError without a node name or API server."""
         from agents.dra.runtime import DraSettings

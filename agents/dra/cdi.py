@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.atomic_file import write_atomically
-from agents.core.device import DeviceSpec
+from agents.core.device import DeviceNode
 
 CDI_ROOT = Path("/var/run/cdi")
 CDI_VERSION = "0.5.0"  # the first version whose device names may start with a digit
@@ -28,7 +28,7 @@ class CdiDevice:
     """One prepared device as its CDI device: the DRA device name and its device nodes."""
 
     name: str
-    nodes: tuple[DeviceSpec, ...]
+    nodes: tuple[DeviceNode, ...]
 
 
 def kind(driver: str) -> str:

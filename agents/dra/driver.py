@@ -14,7 +14,7 @@ from typing import Protocol
 import structlog
 
 from agents.dra.cdi import CdiDevice, CdiSpecs, cdi_ids
-from agents.dra.checkpoint import (
+from agents.dra.claim_checkpoint import (
     CHECKPOINT,
     CheckpointError,
     ClaimCheckpoint,
@@ -264,8 +264,8 @@ class Driver:
             by_device.setdefault(result.device, []).append(result)
         unique = list({d.name: d for d in devices}.values())
         edits = self._edits([(d.resource, d.device_id) for d in unique])  # once per claim
-        env = dict(edits.env)
-        nodes = {d.name: edits.nodes[d.resource, d.device_id] for d in unique}
+        env = edits.named_env()
+        nodes = {d.name: edits.device_nodes[d.resource, d.device_id] for d in unique}
         cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
         prepared = tuple(
             PreparedDevice(

@@ -54,10 +54,10 @@ class DraHoldings:
         self._changes = Versioned()
 
     def holds(self, resource: str, device_id: str) -> bool:
-        """Whether the device (or the GPU a time-slicing replica `<id>::<n>` is of) is
-        held by a claim, under whichever resource serves it now (device IDs are UUIDs and
-        PCI addresses: one device's the same under any resource name)."""
-        return device_id in self._held or device_id.partition("::")[0] in self._held
+        """Whether the device (by its physical ID) is held by a claim, under whichever
+        resource serves it now (device IDs are UUIDs and PCI addresses: one device's the
+        same under any resource name)."""
+        return device_id in self._held
 
     @property
     def version(self) -> int:
@@ -96,7 +96,7 @@ class DraHoldings:
         if not (self._plugins_dir / driver).is_dir() and not self._cdi_root.is_dir():
             return False  # DRA never ran here: its modules need not even be imported
         from agents.dra.cdi import CdiSpecs
-        from agents.dra.checkpoint import CHECKPOINT
+        from agents.dra.claim_checkpoint import CHECKPOINT
 
         checkpoint = self._plugins_dir / driver / CHECKPOINT
         return checkpoint.exists() or bool(CdiSpecs(self._cdi_root).written(driver))

@@ -21,7 +21,7 @@ from agents.api import dra_v1beta1_pb2 as v1beta1
 from agents.api import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
-from agents.dra.checkpoint import PreparedClaim
+from agents.dra.claim_checkpoint import PreparedClaim
 from agents.dra.claims import ClaimError
 from agents.dra.driver import ClaimRef, Driver
 from agents.kernel.socket_server import UnixServer

@@ -63,7 +63,6 @@ class ApiClaims:
 class DraServe:
     """Serving through DRA drivers, the node and API server known."""
 
-    pairs = False  # claims name their devices: no preferred allocations to answer
     names_devices = True
 
     def __init__(self, settings: DraSettings, client: ApiClient) -> None:
@@ -75,6 +74,10 @@ class DraServe:
             evict_unhealthy=settings.evict_unhealthy,
         )
         self.claims = ApiClaims(client)
+
+    def pairing(self) -> None:
+        """None: a claim pairs its devices by constraints, which the scheduler meets."""
+        return None
 
     def runtime(self, fresh: Sequence[Offer], host: Host) -> DraRuntime:
         settings = self.settings

@@ -1,43 +1,47 @@
-"""What a container is told of its GPUs: env, mounts, CDI names and annotations, device
-nodes, each as the device-list strategies and the driver flags of the config say."""
+"""What a container is given for its GPUs, in every API: the names NVIDIA's runtime hook
+and CDI know them by, the driver features' environment, and the device nodes each GPU or
+MIG instance is opened through."""
 
 from __future__ import annotations
 
 import posixpath
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from agents.config import Flags
-from agents.core.device import ContainerAllocation, DeviceSpec, Mount
+from agents.core.device import DeviceNode
+from agents.gpu.plan import Unit
+from agents.kernel.edits import ContainerEdits, DeviceKey, DeviceNames
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CDI_VENDOR = "nvidia.com"
 CDI_KIND = f"{CDI_VENDOR}/gpu"
-# volume-mounts: the runtime hook reads the devices from the names of the files
-# mounted here (each one /dev/null), and the env var then names the directory.
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# A hook that reads the devices from the names of files mounted here (each one /dev/null)
+# is told the directory in NVIDIA_VISIBLE_DEVICES instead of the names.
 DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
-DEVICE_LIST_SOURCE = "/dev/null"
-# cdi-annotations: the key is <prefix><name>_<response id>, one per container response.
-CDI_ANNOTATION_NAME = "nvidia-device-plugin"
+# Who a CDI annotation's key says wrote it: <prefix><writer>_<response id>.
+ANNOTATION_WRITER = "nvidia-device-plugin"
 
 
-def new_response_id() -> str:
-    return str(uuid.uuid4())
+@dataclass(frozen=True)
+class GpuNodes:
+    """Where a resource's GPUs and MIG instances are opened: each physical GPU's
+    /dev/nvidia<minor>, each MIG instance's /dev/nvidia-caps devices, and where the host
+    has them (`dev_root` the simulator's root, "" on a real node)."""
+
+    minors: Mapping[str, int]  # physical GPU UUID -> its minor
+    mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its capability devices
+    dev_root: str = ""
 
 
-def container_allocation(
-    names: Sequence[str],
-    device_paths: Sequence[str],
-    flags: Flags,
-    *,
-    dev_root: str = "",
-    response_id: Callable[[], str] = new_response_id,
-) -> ContainerAllocation:
-    """The answer for one container given the GPUs or MIG instances `names` (UUIDs or
-    indices, as deviceIDStrategy says) and the device nodes they are opened through.
-
-    `dev_root` is where a simulated node keeps its device nodes ("" on a real node).
-    """
+def gpu_edits(
+    resource: str, units: Sequence[Unit], flags: Flags, where: GpuNodes
+) -> ContainerEdits:
+    """What a container gets for these units of `resource` together (deviceIDStrategy
+    chooses the names; the driver features add their environment and CDI devices)."""
+    by_index = flags.device_id_strategy == "index"
+    names = tuple(dict.fromkeys(u.index if by_index else u.visible_id for u in units))
     features = [
         mode
         for mode, on in (
@@ -47,33 +51,25 @@ def container_allocation(
         )
         if on
     ]
-    envs = {f"NVIDIA_{mode.upper()}": "enabled" for mode in features}
-    cdi = [f"{CDI_KIND}={name}" for name in names]
-    cdi += [f"{CDI_VENDOR}/{mode}=all" for mode in features]
-    lists = flags.device_list_strategy
-    annotations: dict[str, str] = {}
-    if "cdi-annotations" in lists:
-        key = f"{flags.cdi_annotation_prefix}{CDI_ANNOTATION_NAME}_{response_id()}"
-        annotations[key] = ",".join(cdi)
-    cdi_devices = tuple(cdi) if "cdi-cri" in lists else ()
-    if flags.only_cdi:
-        # The runtime injects everything from the CDI specs: naming the devices again
-        # would have a legacy runtime hook inject them a second time.
-        return ContainerAllocation(envs=envs, annotations=annotations, cdi_devices=cdi_devices)
-    mounts: tuple[Mount, ...] = ()
-    if "envvar" in lists:
-        envs[VISIBLE_DEVICES] = ",".join(names)
-    if "volume-mounts" in lists:
-        envs[VISIBLE_DEVICES] = DEVICE_LIST_DIR
-        mounts = tuple(
-            Mount(posixpath.join(DEVICE_LIST_DIR, name), DEVICE_LIST_SOURCE, read_only=False)
-            for name in names
+    cdi = (*(f"{CDI_KIND}={name}" for name in names), *(f"{CDI_VENDOR}/{m}=all" for m in features))
+    dev_root, host_root = where.dev_root, flags.host_dev_root
+
+    def node(path: str) -> DeviceNode:
+        return DeviceNode(path, dev_root + posixpath.join(host_root, path.lstrip("/")), "rw")
+
+    controls = tuple(node(p) for p in CONTROL_DEVICES)
+    own: dict[DeviceKey, tuple[DeviceNode, ...]] = {
+        (resource, u.id): (
+            node(f"/dev/nvidia{where.minors[u.gpu_uuid]}"),
+            *(node(cap) for cap in where.mig_caps.get(u.visible_id, ())),
         )
-    specs: tuple[DeviceSpec, ...] = ()
-    if flags.pass_device_specs:
-        root = flags.host_dev_root
-        specs = tuple(
-            DeviceSpec(path, dev_root + posixpath.join(root, path.lstrip("/")), "rw")
-            for path in device_paths
-        )
-    return ContainerAllocation(envs, specs, mounts, annotations, cdi_devices)
+        for u in units
+    }
+    gpus = dict.fromkeys(node(f"/dev/nvidia{where.minors[u.gpu_uuid]}") for u in units)
+    caps = dict.fromkeys(node(c) for u in units for c in where.mig_caps.get(u.visible_id, ()))
+    return ContainerEdits(
+        env={f"NVIDIA_{mode.upper()}": "enabled" for mode in features},
+        nodes=(*controls, *gpus, *caps),
+        device_nodes={key: controls + nodes for key, nodes in own.items()},
+        names=DeviceNames(VISIBLE_DEVICES, names, cdi, DEVICE_LIST_DIR, ANNOTATION_WRITER),
+    )

@@ -16,6 +16,14 @@ log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
+class DriverVersions:
+    """What NVML says of the node's driver, shared by every device: "550.54.15", "12.4"."""
+
+    version: str = ""
+    cuda_version: str = ""
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-from agents.gpu.discovery import Gpu
+from agents.gpu.discovery import DriverVersions, Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
 from agents.kernel.facts import AttributeValue, DeviceFacts, Version, pci_attributes
@@ -16,14 +15,6 @@ DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"
 MIG_TYPE = "mig"
 _BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-
-
-@dataclass(frozen=True)
-class Driver:
-    """What NVML says of the node's driver, shared by every device: "550.54.15", "12.4"."""
-
-    version: str = ""
-    cuda_version: str = ""
 
 
 def semantic(version: str) -> Version | None:
@@ -48,7 +39,7 @@ def binary_quantity(count: int) -> str:
     return f"{count}{suffix}"
 
 
-def gpu_attributes(gpu: Gpu, driver: Driver) -> dict[str, AttributeValue]:
+def gpu_attributes(gpu: Gpu, driver: DriverVersions) -> dict[str, AttributeValue]:
     """What a whole GPU and each of its MIG instances share: product, brand, architecture,
     versions and where it sits; a fact NVML did not give is left out."""
     attributes: dict[str, AttributeValue] = {}
@@ -70,7 +61,7 @@ def gpu_attributes(gpu: Gpu, driver: Driver) -> dict[str, AttributeValue]:
     return attributes
 
 
-def whole_gpu(gpu: Gpu, resource: str, driver: Driver) -> DeviceFacts:
+def whole_gpu(gpu: Gpu, resource: str, driver: DriverVersions) -> DeviceFacts:
     capacity = {"memory": binary_quantity(gpu.memory_mib * 2**20)} if gpu.memory_mib else {}
     attributes: dict[str, AttributeValue] = {"type": GPU_TYPE, "uuid": gpu.uuid}
     attributes.update(gpu_attributes(gpu, driver))
@@ -83,7 +74,7 @@ def mig_name(parent_minor: int, mig: MigInstance) -> str:
     return f"gpu-{parent_minor}-mig-{profile}-{mig.gi_profile_id}-{mig.placement_start}"
 
 
-def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> DeviceFacts:
+def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: DriverVersions) -> DeviceFacts:
     attributes: dict[str, AttributeValue] = {
         "type": MIG_TYPE,
         "uuid": mig.uuid,
@@ -107,7 +98,7 @@ def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: Driver) -> Dev
 
 
 def devices(
-    gpus: Iterable[Gpu], served: Iterable[tuple[str, Unit]], driver: Driver
+    gpus: Iterable[Gpu], served: Iterable[tuple[str, Unit]], driver: DriverVersions
 ) -> tuple[DeviceFacts, ...]:
     """The device of each served unit (resource name, unit): a whole GPU, or a MIG
     instance; a replica's GPU or instance once, under the first resource that serves it."""

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -21,6 +20,7 @@ from agents.errors import BackendError
 from agents.family import Family, HealthSink, Located
 from agents.gpu import dra
 from agents.gpu.discovery import gpu_distance, nvlink_counts
+from agents.gpu.found import GpusFound
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
@@ -30,9 +30,6 @@ from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
 from agents.timing import PRODUCTION, Timing
-
-if TYPE_CHECKING:
-    from agents.gpu.kind import GpusFound
 
 log = structlog.get_logger(__name__)
 

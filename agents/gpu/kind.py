@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -15,10 +14,10 @@ from agents.config import Config, Sharing
 from agents.core.ledger import GPU
 from agents.errors import BackendError
 from agents.family import Context
-from agents.gpu.discovery import Gpu, discover
-from agents.gpu.dra import Driver
+from agents.gpu.discovery import DriverVersions, Gpu, discover
 from agents.gpu.family import GpuFamily
-from agents.gpu.plan import ResourcePlan, plan_resources
+from agents.gpu.found import GpusFound
+from agents.gpu.plan import plan_resources
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
 from agents.hw.nvml_calls import waited
@@ -28,19 +27,6 @@ log = structlog.get_logger(__name__)
 
 START_WAIT_S = 60.0  # NVML's init and discovery at start: a hang ends in a clear error
 SHUTDOWN_WAIT_S = 1.5  # how long giving NVML back waits for it
-
-
-@dataclass(frozen=True)
-class GpusFound:
-    """What one discovery found; `held` says whether it holds an NVML initialisation,
-    which the family built from it gives back."""
-
-    gpus: tuple[Gpu, ...]
-    plans: tuple[ResourcePlan, ...]
-    mig_caps: dict[str, tuple[str, ...]]  # MIG UUID -> its capability devices
-    dev_root: str  # "" on a real node
-    held: bool
-    driver: Driver = field(default_factory=Driver)  # its versions; "" unknown
 
 
 def discover_gpus(
@@ -60,11 +46,7 @@ def discover_gpus(
         driver = waited(lambda: _driver(nvml), START_WAIT_S, "driver versions")
         plans = plan_resources(gpus, config, source)
         flags = config.flags
-        caps = (
-            _mig_caps(gpus, root)
-            if flags.pass_device_specs and flags.mig_strategy != "none"
-            else {}
-        )
+        caps = _mig_caps(gpus, root) if flags.mig_strategy != "none" else {}
     except BaseException:
         give_back(nvml)
         raise
@@ -72,7 +54,7 @@ def discover_gpus(
     return GpusFound(tuple(gpus), tuple(plans), caps, root, held=True, driver=driver)
 
 
-def _driver(nvml: Nvml) -> Driver:
+def _driver(nvml: Nvml) -> DriverVersions:
     """The driver's versions; one NVML will not give is "" (and left out of DRA)."""
     versions = []
     for what, call in (("driver", nvml.driver_version), ("cuda", nvml.cuda_driver_version)):
@@ -81,7 +63,7 @@ def _driver(nvml: Nvml) -> Driver:
         except BackendError as exc:
             log.warning("nvml_version_unreadable", version=what, error=str(exc))
             versions.append("")
-    return Driver(*versions)
+    return DriverVersions(*versions)
 
 
 def give_back(nvml: Nvml) -> None:
@@ -93,8 +75,8 @@ def give_back(nvml: Nvml) -> None:
 
 
 def _mig_caps(gpus: Sequence[Gpu], dev_root: str) -> dict[str, tuple[str, ...]]:
-    """The capability devices of each MIG instance (by MIG UUID) for passDeviceSpecs.
-    An instance whose access files cannot be read gets none, and says so."""
+    """The capability devices of each MIG instance (by MIG UUID), its device nodes beside
+    its GPU's. An instance whose access files cannot be read gets none, and says so."""
     caps: dict[str, tuple[str, ...]] = {}
     for gpu in gpus:
         for mig in gpu.mig:
@@ -106,7 +88,7 @@ def _mig_caps(gpus: Sequence[Gpu], dev_root: str) -> dict[str, tuple[str, ...]]:
                     gpu=gpu.uuid,
                     mig=mig.uuid,
                     error=str(exc),
-                    effect="its containers get no /dev/nvidia-caps device specs",
+                    effect="its containers get no /dev/nvidia-caps device nodes",
                 )
     return caps
 
@@ -121,8 +103,9 @@ class GpuKind:
 
     def named_devices(self, config: Config) -> Config:
         """Under DRA a MIG-enabled GPU offers its instances and any other GPU itself, each
-        named by UUID in the environment with its device nodes; claims share GPUs, so
-        time-slicing and the keys that choose otherwise are ignored, one warning each."""
+        named by UUID; claims share GPUs, so time-slicing and the keys that choose
+        otherwise are set back, and the device-plugin API's own keys, which nothing reads
+        here, are ignored: one warning each."""
         flags, default = config.flags, Config.default()
         ignored = [
             key
@@ -140,14 +123,8 @@ class GpuKind:
         ]
         for key in ignored:
             log.warning("dra_ignores_key", key=key, family=self.name)
-        dra_flags = dataclasses.replace(
-            flags,
-            mig_strategy="mixed",
-            device_list_strategy=frozenset({"envvar"}),
-            device_id_strategy="uuid",
-            pass_device_specs=True,
-        )
-        return dataclasses.replace(config, flags=dra_flags, sharing=Sharing())
+        named = dataclasses.replace(flags, mig_strategy="mixed", device_id_strategy="uuid")
+        return dataclasses.replace(config, flags=named, sharing=Sharing())
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
         return GpuFamily(

@@ -1,4 +1,5 @@
-"""One GPU resource: its devices, what Allocate hands out, and the preferred choice."""
+"""One GPU resource: its devices, what a container gets for some of them, and the
+preferred choice."""
 
 from __future__ import annotations
 
@@ -10,25 +11,24 @@ from itertools import islice
 
 from agents.config import Flags
 from agents.core import budget, gpu_choice
-from agents.core.device import ContainerAllocation, Device
+from agents.core.device import Device
 from agents.core.health import Grade
 from agents.core.healthy_first import graded, healthy_first
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.core.topology import Distance
 from agents.errors import AllocationError, Code
-from agents.gpu.allocation import container_allocation
+from agents.gpu.allocation import GpuNodes, gpu_edits
 from agents.gpu.plan import ResourcePlan, Unit
 from agents.kernel.catalogue import Inventory, listed
 from agents.kernel.edits import ContainerEdits
 
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 ANSWERS_KEPT = 1024  # Allocate answers kept per resource: past it, all are forgotten
 
 
 @dataclass(frozen=True)
 class AllocateOptions:
-    flags: Flags  # device lists and IDs, device specs, driver features, replica policy
+    flags: Flags  # device IDs, driver features, device roots, replica policy
     fail_requests_greater_than_one: bool
     minors: Mapping[str, int]  # physical GPU UUID -> /dev/nvidia<minor>
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its /dev/nvidia-caps devices
@@ -66,9 +66,9 @@ class GpuResource:
         self.pairing = pairing  # the NICs paired with these GPUs, if any
         self._pair_costs: PairCosts | None = None
         self._replicas: _Replicas | None = None
-        # Allocate's answers, by device IDs in the kubelet's order: an answer depends on
-        # nothing else for the life of this resource (a reload makes a new one).
-        self._answers: dict[tuple[str, ...], ContainerAllocation] = {}
+        self._nodes = GpuNodes(options.minors, options.mig_caps, options.dev_root)
+        # What a container gets, by device IDs in the order given (see `edits`).
+        self._answers: dict[tuple[str, ...], ContainerEdits] = {}
 
     @property
     def whole_gpus(self) -> bool:
@@ -109,50 +109,38 @@ class GpuResource:
             self.pairing.graded(self._inventory.degraded())
         return changed
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        units = [self._units[i] for i in device_ids]
-        if self.plan.replicated and self._options.fail_requests_greater_than_one and len(units) > 1:
+    def physical_id(self, device_id: str) -> str:
+        """A replica's GPU or MIG instance; a whole GPU or MIG instance itself."""
+        return self._units[device_id].visible_id
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What the container the kubelet gives these devices gets; the request is
+        checked against the sharing rules first (failRequestsGreaterThanOne)."""
+        one_only = self.plan.replicated and self._options.fail_requests_greater_than_one
+        if one_only and len(device_ids) > 1:
             raise AllocationError(
                 Code.INVALID_ARGUMENT,
                 f"{self._name}: a container may get at most one shared device, "
-                f"asked for {len(units)} ({', '.join(device_ids)})",
+                f"asked for {len(device_ids)} ({', '.join(device_ids)})",
             )
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
-        if "cdi-annotations" in self._options.flags.device_list_strategy:
-            return self._answer(units)  # each answer names a response ID of its own
+        return self.edits(device_ids)
+
+    def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What a container gets for these units together, and each unit's device nodes;
+        kept per set of devices in the order given, as it depends on nothing else for the
+        life of this resource (a reload makes a new one)."""
         key = tuple(device_ids)
         answer = self._answers.get(key)
         if answer is None:
             if len(self._answers) >= ANSWERS_KEPT:
                 self._answers.clear()
-            answer = self._answers[key] = self._answer(units)
+            units = [self._units[i] for i in device_ids]
+            answer = self._answers[key] = gpu_edits(
+                self._name, units, self._options.flags, self._nodes
+            )
         return answer
-
-    def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
-        """What a container gets for these units together, and each unit's device nodes."""
-        units = [self._units[i] for i in device_ids]
-        together = self._answer(units)
-        nodes = {(self._name, u.id): self._answer([u]).devices for u in units}
-        return ContainerEdits(together.envs, nodes, together.mounts)
-
-    def _answer(self, units: Sequence[Unit]) -> ContainerAllocation:
-        opts = self._options
-        by_index = opts.flags.device_id_strategy == "index"
-        names = list(dict.fromkeys(u.index if by_index else u.visible_id for u in units))
-        return container_allocation(
-            names, self._device_paths(units), opts.flags, dev_root=opts.dev_root
-        )
-
-    def _device_paths(self, units: Sequence[Unit]) -> list[str]:
-        """The device nodes a container opens its units through, for passDeviceSpecs."""
-        opts = self._options
-        if not opts.flags.pass_device_specs:
-            return []
-        gpus = dict.fromkeys(u.gpu_uuid for u in units)
-        paths = [*CONTROL_DEVICES, *(f"/dev/nvidia{opts.minors[g]}" for g in gpus)]
-        instances = dict.fromkeys(u.visible_id for u in units)
-        return paths + [cap for v in instances for cap in opts.mig_caps.get(v, ())]
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int

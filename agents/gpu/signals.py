@@ -72,10 +72,10 @@ class GpuSignalWatch:
     def cause(self, uuid: str) -> Signal | None:
         """The GPU's signal out of limits (or held), None while all are within them."""
         verdict = self._verdicts.get(uuid)
-        if verdict is None or verdict.grade == "healthy":
+        if verdict is None or verdict.level == "healthy":
             return None
-        first = next(s for s in verdict.signals if s.grade == verdict.grade)
-        level = Grade.UNHEALTHY if verdict.grade == "unhealthy" else Grade.DEGRADED
+        first = next(s for s in verdict.signals if s.level == verdict.level)
+        level = Grade.UNHEALTHY if verdict.level == "unhealthy" else Grade.DEGRADED
         return Signal(first.signal, verdict.message, first.figures, level)
 
     def close(self) -> None:

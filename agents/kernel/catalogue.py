@@ -1,11 +1,12 @@
-"""What the runtime needs of a family for one resource, and the observable device list."""
+"""What a runtime needs of a family for one resource, and the observable device list."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, KeysView, Sequence
 from typing import Protocol
 
-from agents.core.device import ContainerAllocation, Device
+from agents.core.device import Device
+from agents.kernel.edits import ContainerEdits
 from agents.kernel.versioned import Versioned
 
 
@@ -72,7 +73,16 @@ class Resource(Protocol):
     @property
     def inventory(self) -> Inventory: ...
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation: ...
+    def physical_id(self, device_id: str) -> str:
+        """The ID of the device that `device_id` is served from: a replica's GPU or MIG
+        instance, else the device itself (what the other API knows it by)."""
+        ...
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """These devices are given to one container (by the kubelet, one by one): check
+        the request against the resource's own rules (AllocationError), note it, and say
+        what the container gets."""
+        ...
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
@@ -81,7 +91,7 @@ class Resource(Protocol):
 
 class Withheld(Protocol):
     """Devices not to advertise for now, though their family has them (held through the
-    other API); `version` grows with every change."""
+    other API), by resource and physical ID; `version` grows with every change."""
 
     @property
     def version(self) -> int: ...

@@ -1,25 +1,60 @@
 """What a container gets for a set of a family's devices (environment, device nodes,
-mounts), free of any API's wire form: the device-plugin runtime answers Allocate with
-its own, the DRA runtime writes CDI specs from this."""
+mounts, the names a runtime hook and CDI know them by), made once per allocation and free
+of any API's wire form: the device-plugin runtime turns it into its Allocate answer, the
+DRA runtime into CDI specs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from agents.core.device import DeviceSpec, Mount
+from agents.core.device import DeviceNode, Mount
 
 DeviceKey = tuple[str, str]  # (resource, device ID)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DeviceNames:
+    """How a vendor's container runtime hook and its CDI specs know the devices: the
+    names a hook reads from `variable` (or from the names of files mounted in
+    `mount_dir`), and the qualified CDI device names (`vendor/class=name`) of the same
+    devices and of the features they come with. `annotation` is what a CDI annotation's
+    key calls the one who wrote it."""
+
+    variable: str
+    names: tuple[str, ...]
+    cdi: tuple[str, ...]
+    mount_dir: str
+    annotation: str
+
+    def joined(self) -> str:
+        """The names as the hook reads them from `variable`."""
+        return ",".join(self.names)
 
 
 @dataclass(frozen=True)
 class ContainerEdits:
-    """The environment and mounts a container gets for its devices together, and the
-    device nodes each device is opened through, by (resource, device ID)."""
+    """What one container gets for its devices together.
+
+    `env` and `mounts` hold in every case; `nodes` are every device node the container
+    opens, in order, and `device_nodes` the ones each device (resource, device ID) needs
+    on its own; `names`, where a runtime hook or CDI injects the devices, says how they
+    know them (None: the container gets just these edits)."""
 
     env: Mapping[str, str] = field(default_factory=dict)
-    nodes: Mapping[DeviceKey, tuple[DeviceSpec, ...]] = field(default_factory=dict)
+    nodes: tuple[DeviceNode, ...] = ()
+    device_nodes: Mapping[DeviceKey, tuple[DeviceNode, ...]] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
+    names: DeviceNames | None = None
+
+    def named_env(self) -> dict[str, str]:
+        """The environment with the devices named in it, where they have names."""
+        env = dict(self.env)
+        if self.names is not None:
+            env[self.names.variable] = self.names.joined()
+        return env
 
 
 def by_resource(devices: Iterable[DeviceKey]) -> dict[str, list[str]]:
@@ -32,14 +67,37 @@ def by_resource(devices: Iterable[DeviceKey]) -> dict[str, list[str]]:
 
 def merged(parts: Sequence[ContainerEdits]) -> ContainerEdits:
     """Several resources' edits as one container's."""
+    if len(parts) == 1:
+        return parts[0]
     env: dict[str, str] = {}
-    nodes: dict[DeviceKey, tuple[DeviceSpec, ...]] = {}
-    mounts: list[Mount] = []
+    device_nodes: dict[DeviceKey, tuple[DeviceNode, ...]] = {}
     for part in parts:
         env = merge_env(env, part.env)
-        nodes.update(part.nodes)
-        mounts.extend(m for m in part.mounts if m not in mounts)
-    return ContainerEdits(env, nodes, tuple(mounts))
+        device_nodes.update(part.device_nodes)
+    return ContainerEdits(
+        env,
+        _unique(n for part in parts for n in part.nodes),
+        device_nodes,
+        _unique(m for part in parts for m in part.mounts),
+        _merged_names([p.names for p in parts if p.names is not None]),
+    )
+
+
+def _merged_names(names: Sequence[DeviceNames]) -> DeviceNames | None:
+    if not names:
+        return None
+    first = names[0]
+    return DeviceNames(
+        first.variable,
+        _unique(n for part in names for n in part.names),
+        _unique(c for part in names for c in part.cdi),
+        first.mount_dir,
+        first.annotation,
+    )
+
+
+def _unique(items: Iterable[T]) -> tuple[T, ...]:
+    return tuple(dict.fromkeys(items))
 
 
 def merge_env(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, str]:

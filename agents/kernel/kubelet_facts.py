@@ -11,7 +11,7 @@ import structlog
 
 from agents.api import podresources_pb2 as pr
 from agents.api import podresources_pb2_grpc as pr_grpc
-from agents.core.checkpoint import Checkpoint, CheckpointFormatError, parse_checkpoint
+from agents.core.kubelet_checkpoint import Checkpoint, CheckpointFormatError, parse_checkpoint
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 
 log = structlog.get_logger(__name__)

@@ -5,14 +5,18 @@ runtime, and the runtime serves the families to the kubelet until cancelled."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from agents.core.ledger import PairingSide
+from agents.core.topology import PciLocation
 from agents.kernel.handover import Holdings
 from agents.kernel.offer import Offer
 from agents.kernel.telemetry import NoTelemetry, Telemetry
+
+if TYPE_CHECKING:
+    from agents.config import Config
 
 
 class Runtime(Protocol):
@@ -37,19 +41,46 @@ class Host:
     """What the agent gives a runtime it makes."""
 
     families: Callable[[], Sequence[Offer]]  # the agent's families, once adopted
-    plugin_dir: Path  # the kubelet's device-plugin directory
+    config: Callable[[], Config]  # the agent's config as it is now (after any reload)
     telemetry: Telemetry = field(default_factory=NoTelemetry)
-    # Facts to gather before a preferred allocation (pairing's pod-resources refresh).
-    before_preferred: Callable[[str], Awaitable[None]] | None = None
     withheld: Holdings | None = None  # what another API's pods or claims still hold
+
+
+class Pairs(Protocol):
+    """GPU<->NIC pairing, as an API that pairs makes it: the agent gives each paired
+    family a side, says where their devices are, and runs it beside the runtime."""
+
+    @property
+    def active(self) -> bool:
+        """Both kinds have a resource with located devices."""
+        ...
+
+    def side(self, kind: str) -> PairingSide: ...
+
+    def located(
+        self, kind: str, resource: str, locations: Mapping[str, PciLocation | None]
+    ) -> None: ...
+
+    def withdraw(self, kind: str) -> None:
+        """Pairing is switched off for this kind (a reloaded config)."""
+        ...
+
+    def start(self, resources: Mapping[str, str]) -> bool:
+        """The families have started (`resources`: every resource name -> what its
+        devices are): say once what is paired and what is not. True when pairing is on."""
+        ...
+
+    async def run(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Serve(Protocol):
     """One API, ready to serve: what the agent must know of it, and its runtime's maker."""
 
-    @property
-    def pairs(self) -> bool:
-        """Whether its runtime asks for preferred allocations, which pairing answers."""
+    def pairing(self) -> Pairs | None:
+        """The GPU<->NIC pairing of this API, where its runtime pairs (asked once, when
+        the agent runs families of both kinds); None where it does not."""
         ...
 
     @property
@@ -70,6 +101,10 @@ class Api(Protocol):
     name: str
 
     def add_flags(self, run: argparse.ArgumentParser) -> None: ...
+
+    def flags_error(self, opts: argparse.Namespace) -> str | None:
+        """What is wrong with this API's flags as given (a usage error), if anything."""
+        ...
 
     async def serve(self, opts: argparse.Namespace, env: Mapping[str, str]) -> Serve:
         """Ready to serve; ConfigError if the command line lacks what it needs."""

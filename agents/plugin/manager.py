@@ -23,13 +23,14 @@ import structlog
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
+from agents.config import Flags
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch, FsEvent
 from agents.kernel.catalogue import Resource, Withheld
 from agents.kernel.offer import Offer
 from agents.kernel.socket_server import Socket, keep_serving
 from agents.kernel.telemetry import NoTelemetry, Telemetry
-from agents.plugin.server import DevicePluginServer, socket_name
+from agents.plugin.server import DEFAULT_FLAGS, DevicePluginServer, socket_name
 from agents.tasks import first
 
 log = structlog.get_logger(__name__)
@@ -53,10 +54,12 @@ class PluginManager:
         telemetry: Telemetry | None = None,
         before_preferred: Callable[[str], Awaitable[None]] | None = None,
         withheld: Withheld | None = None,
+        flags: Callable[[], Flags] = lambda: DEFAULT_FLAGS,
         waiting_log_s: float = WAITING_LOG_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plugin_dir = plugin_dir
+        self._flags = flags  # the config's device-list flags, as they are now
         self._telemetry = telemetry or NoTelemetry()
         # Facts to gather (pod-resources) before a resource's preferred answer, by name.
         self._before_preferred = before_preferred
@@ -113,6 +116,7 @@ class PluginManager:
             telemetry=self._telemetry,
             before_preferred=None if hook is None else functools.partial(hook, resource.name),
             withheld=self._withheld,
+            flags=self._flags,
         )
 
     def _add(self, server: DevicePluginServer) -> None:

@@ -15,9 +15,11 @@ import structlog
 
 from agents.api import api_pb2 as pb
 from agents.api import api_pb2_grpc as pb_grpc
-from agents.core.device import ContainerAllocation, Device
+from agents.config import Flags
+from agents.core.device import Device
 from agents.errors import AllocationError, Code
 from agents.kernel.catalogue import Inventory, Resource, Withheld
+from agents.kernel.edits import ContainerEdits
 from agents.kernel.socket_server import GRACE_S, UnixServer
 from agents.kernel.telemetry import NoTelemetry, Telemetry
 from agents.kernel.versioned import Versioned
@@ -32,6 +34,7 @@ _CODES = {
     Code.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 T = TypeVar("T")
+DEFAULT_FLAGS = Flags()  # the config's defaults: device names in the environment
 MESSAGES_KEPT = 1024  # wire messages kept per resource server: past it, all are forgotten
 
 
@@ -58,9 +61,11 @@ class DevicePluginServer:
         telemetry: Telemetry | None = None,
         before_preferred: Callable[[], Awaitable[None]] | None = None,
         withheld: Withheld | None = None,
+        flags: Callable[[], Flags] = lambda: DEFAULT_FLAGS,
     ) -> None:
         self.resource = resource
         self.withheld = withheld  # devices not to advertise now (held through DRA)
+        self.flags = flags  # how Allocate names devices to the container runtime
         # Facts to gather (pod-resources) before a preferred answer, which is computed
         # without awaiting anything.
         self.before_preferred = before_preferred
@@ -175,20 +180,20 @@ class DevicePluginServer:
         """The devices to list, as the kubelet sees them: all but those held through the
         other API, and Degraded only where that is Unhealthy (a list that differs in no
         more is no news to the kubelet)."""
-        withheld = self.withheld
-        name = self.resource.name
+        withheld, resource = self.withheld, self.resource
         return tuple(
             replace(d, degraded=False) if d.degraded else d
             for d in inventory.devices
-            if withheld is None or not withheld.holds(name, d.id)
+            if withheld is None or not withheld.holds(resource.name, resource.physical_id(d.id))
         )
 
     def check_not_withheld(self, ids: Sequence[str]) -> None:
         withheld = self.withheld
         if withheld is None:
             return
+        resource = self.resource
         for device_id in ids:
-            if withheld.holds(self.resource.name, device_id):
+            if withheld.holds(resource.name, resource.physical_id(device_id)):
                 raise AllocationError(
                     Code.INVALID_ARGUMENT,
                     f"device {device_id} of {self.resource.name} is held by a DRA claim",
@@ -223,18 +228,21 @@ class DevicePluginServer:
 class _Servicer(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def __init__(self, server: DevicePluginServer) -> None:
         self._server = server
-        # Wire messages of the answers a resource gives again (the same object for the
-        # same devices): by the answer's identity, the answer kept so it stays unique.
-        self._messages: dict[int, tuple[ContainerAllocation, pb.ContainerAllocateResponse]] = {}
+        # Wire messages of the edits a resource gives again (the same object for the same
+        # devices), by the edits' identity: the edits and flags kept so each stays unique.
+        self._messages: dict[int, tuple[ContainerEdits, Flags, pb.ContainerAllocateResponse]] = {}
 
-    def _message(self, allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
-        kept = self._messages.get(id(allocation))
-        if kept is not None and kept[0] is allocation:
-            return kept[1]
-        message = wire.allocation_message(allocation)
+    def _message(self, edits: ContainerEdits) -> pb.ContainerAllocateResponse:
+        flags = self._server.flags()
+        kept = self._messages.get(id(edits))
+        if kept is not None and kept[0] is edits and kept[1] is flags:
+            return kept[2]
+        message = wire.allocation_message(edits, flags)
+        if wire.names_afresh(edits, flags):
+            return message
         if len(self._messages) >= MESSAGES_KEPT:
             self._messages.clear()
-        self._messages[id(allocation)] = (allocation, message)
+        self._messages[id(edits)] = (edits, flags, message)
         return message
 
     @property

@@ -1,11 +1,29 @@
-"""Conversions between core values and the v1beta1 wire messages, in one place."""
+"""Conversions between the agent's values and the v1beta1 wire messages, in one place:
+device lists, and a container's edits as its Allocate answer, named to the container
+runtime as the device-list strategies of the config say."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import posixpath
+import uuid
+from collections.abc import Callable, Iterable
 
 from agents.api import api_pb2 as pb
-from agents.core.device import ContainerAllocation, Device
+from agents.config import Flags
+from agents.core.device import Device, Mount
+from agents.kernel.edits import ContainerEdits
+
+# The device-list strategies (flags.deviceListStrategy): where the runtime learns the
+# devices' names from.
+ENVVAR = "envvar"  # the hook's variable
+VOLUME_MOUNTS = "volume-mounts"  # files mounted into the hook's directory, one per name
+CDI_ANNOTATIONS = "cdi-annotations"  # an annotation naming the CDI devices
+CDI_CRI = "cdi-cri"  # the CRI's CDI device field
+MOUNT_SOURCE = "/dev/null"  # a volume-mounts file says its name, nothing more
+
+
+def new_response_id() -> str:
+    return str(uuid.uuid4())
 
 
 def device_message(device: Device) -> pb.Device:
@@ -19,19 +37,56 @@ def list_message(devices: Iterable[Device]) -> pb.ListAndWatchResponse:
     return pb.ListAndWatchResponse(devices=[device_message(d) for d in devices])
 
 
-def allocation_message(allocation: ContainerAllocation) -> pb.ContainerAllocateResponse:
+def names_afresh(edits: ContainerEdits, flags: Flags) -> bool:
+    """Whether each answer for these edits names itself anew (a CDI annotation's key
+    carries a response ID of its own), so no answer may be given twice."""
+    return edits.names is not None and CDI_ANNOTATIONS in flags.device_list_strategy
+
+
+def allocation_message(
+    edits: ContainerEdits, flags: Flags, *, response_id: Callable[[], str] = new_response_id
+) -> pb.ContainerAllocateResponse:
+    """One container's answer. Devices with names (a vendor's hook or CDI injects them)
+    are named as `flags` says, their device nodes passed only with passDeviceSpecs and
+    only where the runtime does not inject everything from CDI; other devices' nodes and
+    environment are passed as they are."""
+    env, mounts, nodes = dict(edits.env), list(edits.mounts), edits.nodes
+    annotations: dict[str, str] = {}
+    cdi: tuple[str, ...] = ()
+    names = edits.names
+    if names is not None:
+        lists = flags.device_list_strategy
+        if CDI_ANNOTATIONS in lists:
+            key = f"{flags.cdi_annotation_prefix}{names.annotation}_{response_id()}"
+            annotations[key] = ",".join(names.cdi)
+        if CDI_CRI in lists:
+            cdi = names.cdi
+        if flags.only_cdi:
+            # Named again here, the devices would be injected a second time by a hook.
+            nodes = ()
+        else:
+            if ENVVAR in lists:
+                env[names.variable] = names.joined()
+            if VOLUME_MOUNTS in lists:
+                env[names.variable] = names.mount_dir
+                mounts += [
+                    Mount(posixpath.join(names.mount_dir, n), MOUNT_SOURCE, read_only=False)
+                    for n in names.names
+                ]
+            if not flags.pass_device_specs:
+                nodes = ()
     return pb.ContainerAllocateResponse(
-        envs=dict(allocation.envs),
+        envs=env,
         mounts=[
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-            for m in allocation.mounts
+            for m in mounts
         ],
         devices=[
             pb.DeviceSpec(
                 container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
             )
-            for d in allocation.devices
+            for d in nodes
         ],
-        annotations=dict(allocation.annotations),
-        cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
+        annotations=annotations,
+        cdi_devices=[pb.CDIDevice(name=name) for name in cdi],
     )

@@ -30,7 +30,7 @@ from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
-from agents.roce.fabric import UNKNOWN_AFTER_S, FabricWatch
+from agents.roce.fabric_watch import UNKNOWN_AFTER_S, FabricWatch
 from agents.roce.resource import RoceResource
 from agents.roce.signals import NicProbe, NicSignalWatch, Round, read_signals
 from agents.timing import PRODUCTION, Timing

@@ -1,4 +1,5 @@
-"""The RoCE resource: NIC functions, their device nodes and NCCL environment on Allocate."""
+"""The RoCE resource: NIC functions, and the device nodes and NCCL environment a container
+gets for some of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from agents.core import budget
-from agents.core.device import ContainerAllocation, DeviceSpec
+from agents.core.device import DeviceNode
 from agents.core.health import Grade
 from agents.core.healthy_first import graded, healthy_first
 from agents.core.ledger import PairingSide
@@ -18,6 +19,7 @@ from agents.roce.discovery import Nic
 RDMA_CM = "/dev/infiniband/rdma_cm"
 HCA_ENV = "NCCL_IB_HCA"
 NETDEVS_ENV = "RDMA_NETDEVS"
+ANSWERS_KEPT = 1024  # container edits kept per resource: past it, all are forgotten
 
 
 class RoceResource:
@@ -37,6 +39,7 @@ class RoceResource:
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
         self._inventory = Inventory()
+        self._answers: dict[tuple[str, ...], ContainerEdits] = {}
         self.pairing = pairing  # the GPUs paired with these NICs, if any
         self._pair_costs: PairCosts | None = None
         self.set_nics(nics, {n.pci: True for n in nics})
@@ -59,7 +62,10 @@ class RoceResource:
         """Advertise exactly these NICs with this health (by PCI address: a grade, or a
         bool for Healthy or Unhealthy; a NIC left out is Unhealthy); True if the list
         changed."""
-        self.nics = {n.pci: n for n in nics}
+        now = {n.pci: n for n in nics}
+        if now != self.nics:
+            self._answers.clear()  # a NIC's interface or uverbs node may have changed
+        self.nics = now
         unhealthy = self._degraded_unhealthy
         changed = self._inventory.replace(
             graded(n.pci, _grade(health.get(n.pci, False)), n.numa, degraded_unhealthy=unhealthy)
@@ -73,27 +79,41 @@ class RoceResource:
         """The same NICs at these grades (by PCI address); True if the list changed."""
         return self.set_nics(list(self.nics.values()), health)
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+    def physical_id(self, device_id: str) -> str:
+        return device_id  # a NIC function is served whole
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerEdits:
+        """What the container the kubelet gives these NICs gets."""
         if self.pairing is not None:
             self.pairing.allocated(device_ids)
-        return self._answer([self.nics[i] for i in device_ids])
+        return self.edits(device_ids)
 
     def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
-        """What a container gets for these NICs together, and each NIC's device nodes."""
-        together = self._answer([self.nics[i] for i in device_ids])
-        nodes = {(self._name, i): self._answer([self.nics[i]]).devices for i in device_ids}
-        return ContainerEdits(together.envs, nodes, together.mounts)
+        """What a container gets for these NICs together, and each NIC's device nodes;
+        kept per set of NICs in the order given until the NICs change."""
+        key = tuple(device_ids)
+        answer = self._answers.get(key)
+        if answer is None:
+            if len(self._answers) >= ANSWERS_KEPT:
+                self._answers.clear()
+            answer = self._answers[key] = self._edits([self.nics[i] for i in device_ids])
+        return answer
 
-    def _answer(self, nics: Sequence[Nic]) -> ContainerAllocation:
-        paths = [f"/dev/infiniband/{n.uverbs}" for n in nics] + [RDMA_CM]
-        return ContainerAllocation(
-            envs={
+    def _edits(self, nics: Sequence[Nic]) -> ContainerEdits:
+        rdma_cm = self._node(RDMA_CM)
+        own = {n.pci: self._node(f"/dev/infiniband/{n.uverbs}") for n in nics}
+        return ContainerEdits(
+            env={
                 # "=" asks NCCL for exact names: mlx5_1 must not also match mlx5_10.
                 HCA_ENV: "=" + ",".join(f"{n.rdma}:{n.port}" for n in nics),
                 NETDEVS_ENV: ",".join(n.netdev for n in nics),
             },
-            devices=tuple(DeviceSpec(p, self._dev_root + p, "rw") for p in paths),
+            nodes=(*own.values(), rdma_cm),
+            device_nodes={(self._name, pci): (node, rdma_cm) for pci, node in own.items()},
         )
+
+    def _node(self, path: str) -> DeviceNode:
+        return DeviceNode(path, self._dev_root + path, "rw")
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from agents.sim.fields import Fields
-
-if TYPE_CHECKING:
-    from agents.sim.node import GpuSpec, NicSpec, NodeSpec
+from agents.sim.specs import GpuSpec, NicSpec, NodeSpec
 
 
 def check_node(f: Fields, node: NodeSpec) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import structlog
 
 from agents.hw.nvidia_caps import CAP_DEVICE, access_files
-from agents.sim.node import NodeSpec
+from agents.sim.specs import NodeSpec
 
 log = structlog.get_logger(__name__)
 

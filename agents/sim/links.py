@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.sim.changes import Changes
-from agents.sim.node import NodeSpec
+from agents.sim.specs import NodeSpec
 
 
 class SimLinkMonitor:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from agents.hw.lldp import Neighbour, NeighbourSource
 from agents.sim.changes import Changes
-from agents.sim.node import NodeSpec
+from agents.sim.specs import NodeSpec
 
 
 class SimNeighbourSource:

@@ -30,7 +30,7 @@ from agents.hw.nvml import (
     XidEvent,
     nvlink_ends,
 )
-from agents.sim.node import GpuSpec, NodeSpec
+from agents.sim.specs import GpuSpec, NodeSpec
 from agents.tasks import off_loop
 
 XID_FALLEN_OFF_BUS = 79

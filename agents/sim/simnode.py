@@ -16,8 +16,9 @@ from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.sim.links import SimLinkMonitor
 from agents.sim.neighbours import SimNeighbourSource
-from agents.sim.node import NodeSpec, parse_node
+from agents.sim.node import parse_node
 from agents.sim.nvml import SimNvml
+from agents.sim.specs import NodeSpec
 from agents.sim.sysfs_tree import SysfsTree
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,7 @@ from agents.core.nic_signals import HW_COUNTERS
 from agents.core.pci import host_bridge
 from agents.hw.nvidia_caps import CAPABILITIES
 from agents.sim.devnodes import DeviceNodes, mig_access_files
-from agents.sim.node import GpuSpec, NicSpec, NodeSpec
+from agents.sim.specs import GpuSpec, NicSpec, NodeSpec
 
 GPU_VENDOR, GPU_DEVICE, GPU_CLASS = "0x10de", "0x2330", "0x030200"
 BRIDGE_VENDOR, BRIDGE_DEVICE, BRIDGE_CLASS = "0x1000", "0xc030", "0x060400"

@@ -20,6 +20,7 @@ from agents.config import Config, Pairing
 from agents.core.topology import Distance, Topology
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
@@ -119,7 +120,7 @@ class Workload:
 async def topology_of(node_file: Path, plugin_dir: Path) -> Topology:
     config = dataclasses.replace(Config.default(), pairing=Pairing(enabled=False))
     async with simulated_backends(node_file) as backends:
-        agent = Agent(config, "<topology>", plugin_dir, backends)
+        agent = Agent(config, "<topology>", DevicePlugins(plugin_dir), backends)
         await agent.start()
         gpus, nics = agent.family(GpuFamily), agent.family(RoceFamily)
         assert gpus is not None and nics is not None
@@ -201,7 +202,10 @@ class AgentUnderTest:
             self._backends = contextlib.AsyncExitStack()
             backends = await self._backends.enter_async_context(simulated_backends(self.node_file))
             agent = Agent(
-                config, "<bench>", self.plugin_dir, backends, pod_resources_socket=self.socket
+                config,
+                "<bench>",
+                DevicePlugins(self.plugin_dir, self.socket),
+                backends,
             )
             await agent.start()
             self._task = asyncio.ensure_future(agent.run(self._stop))

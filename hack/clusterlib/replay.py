@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 
 from agents.core import gpu_choice
-from agents.core.checkpoint import Checkpoint
+from agents.core.kubelet_checkpoint import Checkpoint
 from agents.core.ledger import GPU, NIC, Ledger
 from agents.core.subsets import PairCosts
 from agents.core.topology import Topology, distance

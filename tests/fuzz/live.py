@@ -9,6 +9,7 @@ from pathlib import Path
 from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
+from agents.plugin.api import DevicePlugins
 from agents.plugin.server import socket_name
 from hack.benchlib.agent import Client
 from tests.families import plugin_manager
@@ -55,7 +56,7 @@ class LiveAgent:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         async with simulated_backends(self.node_file) as backends:
-            agent = Agent(self.config, "<fuzz>", self.plugin_dir, backends)
+            agent = Agent(self.config, "<fuzz>", DevicePlugins(self.plugin_dir), backends)
             await agent.start()
             self.resources = sorted(plugin_manager(agent).servers)
             self._ready.set()

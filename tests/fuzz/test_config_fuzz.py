@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from agents.config import Config, parse_config
 from agents.errors import ConfigError
 from agents.sim.bundled import bundled_node
-from agents.sim.node import NodeSpec, parse_node
+from agents.sim.node import parse_node
+from agents.sim.specs import NodeSpec
 from tests.fuzz.fuzzing import FUZZ
 
 pytestmark = pytest.mark.fuzz

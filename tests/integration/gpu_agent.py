@@ -21,6 +21,7 @@ from agents.config import Config, parse_config
 from agents.daemon import Agent, HealthReporter
 from agents.families import parse_families
 from agents.gpu.plan import GPU_RESOURCE
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Kubelet
@@ -112,7 +113,7 @@ async def running_agent(
             agent = Agent(
                 parsed,
                 CONFIG_SOURCE,
-                plugin_dir,
+                DevicePlugins(plugin_dir),
                 backends,
                 parse_families(",".join(families)),
                 reporter=reporter,

@@ -21,6 +21,7 @@ from agents.config import Config, parse_config
 from agents.core.health import GpuLost
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
+from agents.plugin.api import DevicePlugins
 from agents.standin.kubelet import Container, Kubelet, Pod
 from agents.timing import Timing
 from tests.conditions import WAIT, async_wait_until
@@ -59,7 +60,9 @@ async def running(
     node_file: Path, plugin_dir: Path, config: Config | None = None, timing: Timing = SHORT
 ) -> AsyncIterator[RunningAgent]:
     async with simulated_backends(node_file) as backends:
-        agent = Agent(config or Config.default(), "<test>", plugin_dir, backends, timing=timing)
+        agent = Agent(
+            config or Config.default(), "<test>", DevicePlugins(plugin_dir), backends, timing=timing
+        )
         await agent.start()
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

@@ -22,6 +22,7 @@ from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
 from agents.kernel.catalogue import Inventory
+from agents.plugin.api import DevicePlugins
 from agents.plugin.manager import WAITING_LOG_S, PluginManager
 from agents.standin.kubelet import Kubelet
 from agents.tasks import until
@@ -50,7 +51,7 @@ def events(captured: Sequence[Mapping[str, Any]], name: str) -> list[Mapping[str
 @contextlib.asynccontextmanager
 async def agent_on(node_file: Path, plugin_dir: Path, **options: Any) -> AsyncIterator[Agent]:
     async with simulated_backends(node_file) as backends:
-        agent = Agent(Config.default(), "<test>", plugin_dir, backends, **options)
+        agent = Agent(Config.default(), "<test>", DevicePlugins(plugin_dir), backends, **options)
         await agent.start()
         stop = asyncio.Event()
         task = asyncio.ensure_future(agent.run(stop))
@@ -89,6 +90,9 @@ class _Listed:
 
         self.name = name
         self.inventory = Inventory(Device(f"d{i}") for i in range(devices))
+
+    def physical_id(self, device_id: str) -> str:
+        return device_id
 
     def allocate(self, device_ids: Any) -> Any:
         raise NotImplementedError

@@ -15,9 +15,9 @@ import pytest
 
 from agents.api import podresources_pb2 as pr
 from agents.api import podresources_pb2_grpc as pr_grpc
-from agents.core.device import DeviceSpec
+from agents.core.device import DeviceNode
 from agents.dra.cdi import CdiDevice, CdiSpecs
-from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from agents.dra.claim_checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from agents.standin.kubelet import Kubelet
 from tests.conditions import PROCESS_WAIT as WAIT
 from tests.conditions import async_wait_until
@@ -73,7 +73,7 @@ async def lister(tmp_path: Path) -> AsyncIterator[tuple[_Lister, Path]]:
 
 def held_claim(root: Path, gpu: str, nic: str) -> None:
     """What DRA mode left: claim ns/c1 (UID u1) holding a GPU and a NIC, with CDI specs."""
-    node = (DeviceSpec("/dev/null", "/dev/null"),)
+    node = (DeviceNode("/dev/null", "/dev/null"),)
     held = {
         "gpu.nvidia.com": PreparedDevice("gpu-1", ("gpu",), "n", (), node, False, GPU, gpu),
         "roce.node-agents.io": PreparedDevice("nic-x", ("nic",), "n", (), node, False, NIC, nic),

@@ -21,6 +21,7 @@ from agents.cluster.reporter import Reporter
 from agents.config import Config
 from agents.daemon import Agent
 from agents.families import parse_families
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
 from tests.conditions import WAIT, async_wait_until
@@ -101,7 +102,7 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
             agent = Agent(
                 Config.default(),
                 "<test>",
-                kubelet.plugin_dir,
+                DevicePlugins(kubelet.plugin_dir),
                 backends,
                 parse_families("roce"),
                 reporter=reporter,

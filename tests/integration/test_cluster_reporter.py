@@ -15,7 +15,7 @@ from agents.cluster.client import Access, ApiClient
 from agents.cluster.reporter import Reporter
 from agents.core.health import DeviceHealth, LinkNotUp, Signal, Signals, Xids
 from agents.core.node_report import note_of
-from agents.health import HealthFanout
+from agents.health_fanout import HealthFanout
 from agents.tasks import until
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import HANG, REFUSE, UP, ApiServer

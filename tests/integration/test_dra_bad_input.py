@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agents.dra.checkpoint import CHECKPOINT
+from agents.dra.claim_checkpoint import CHECKPOINT
 from tests.conditions import PROCESS_WAIT as WAIT
 from tests.integration.dra_node import GPU, NIC, NODE, DraNode, dra_node, ref
 

@@ -18,8 +18,8 @@ import yaml
 from agents.cluster import node_labeller
 from agents.cluster.access import Access
 from agents.cluster.client import ApiClient
-from agents.cluster.node_labels import NodeLabeller
-from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
+from agents.cluster.node_labeller import NodeLabeller
+from agents.core.fabric_place import LEAF_GROUP, SPINE, TIER_0, TIER_1
 from agents.kernel.catalogue import Inventory
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer, write_kubeconfig

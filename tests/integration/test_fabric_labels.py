@@ -16,8 +16,9 @@ from structlog.testing import capture_logs
 
 from agents.backends import simulated_backends
 from agents.config import Config, Fabric
-from agents.core.fabric import LEAF_GROUP, SPINE, TIER_0, TIER_1
+from agents.core.fabric_place import LEAF_GROUP, SPINE, TIER_0, TIER_1
 from agents.daemon import Agent
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily, discover_nics
 from agents.sim.bundled import bundled_node
 from tests.conditions import WAIT, async_wait_until
@@ -55,7 +56,7 @@ async def test_feature_file_follows_the_neighbours_in_the_node_file(
     spines = Fabric((("leaf-a", "spine-1"), ("leaf-b", "spine-1")), ("node-agents", "topograph"))
     config = Config(fabric=spines)
     async with simulated_backends(node_file) as backends:
-        agent = Agent(config, "<test>", plugin_dir, backends, nfd_features_file=path)
+        agent = Agent(config, "<test>", DevicePlugins(plugin_dir), backends, nfd_features_file=path)
         stop = asyncio.Event()
         task = asyncio.ensure_future(agent.run(stop))
         try:

@@ -14,8 +14,9 @@ import yaml
 
 from agents.backends import simulated_backends
 from agents.config import Config
-from agents.core.fabric import LEAF_GROUP
+from agents.core.fabric_place import LEAF_GROUP
 from agents.daemon import Agent
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from tests.conditions import WAIT, async_wait_until
 from tests.lldp_frames import PeerSender, frame
@@ -62,7 +63,9 @@ async def test_two_nics_on_two_leaves_make_the_leaf_group_and_a_long_name_is_has
     node_file, (nic0, nic1) = two_leaves
     path = tmp_path / "features.d" / "node-agents"
     async with simulated_backends(node_file) as backends:
-        agent = Agent(Config.default(), "<test>", plugin_dir, backends, nfd_features_file=path)
+        agent = Agent(
+            Config.default(), "<test>", DevicePlugins(plugin_dir), backends, nfd_features_file=path
+        )
         stop = asyncio.Event()
         task = asyncio.ensure_future(agent.run(stop))
         try:

@@ -28,6 +28,7 @@ from agents.gpu.discovery import Gpu
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.hw.nvml_backend import NvmlBackend
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import Container, Kubelet, Pod
@@ -143,7 +144,7 @@ async def test_fail_on_init_error_false_serves_roce_without_gpus(
     stop = asyncio.Event()
     try:
         with structlog.testing.capture_logs() as logs:
-            agent = Agent(cfg, "cfg.yaml", plugin_dir, backends)
+            agent = Agent(cfg, "cfg.yaml", DevicePlugins(plugin_dir), backends)
             await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:
@@ -169,7 +170,11 @@ async def test_fail_on_init_error_true_raises_backend_error(
     node = node_without_nvml
     backends = Backends(NvmlBackend(), node.sysfs, node.links, node.dev_root)
     agent = Agent(
-        Config.default(), "<defaults>", Path("/nonexistent"), backends, parse_families("gpu")
+        Config.default(),
+        "<defaults>",
+        DevicePlugins(Path("/nonexistent")),
+        backends,
+        parse_families("gpu"),
     )
     with pytest.raises(BackendError, match="NVML unavailable"):
         await agent.start()

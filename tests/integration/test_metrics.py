@@ -28,6 +28,7 @@ from agents.errors import ConfigError
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.metrics import Metrics, MetricsServer
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.conditions import WAIT
@@ -142,7 +143,11 @@ async def running(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Scrapeable]
     try:
         async with simulated_backends(node_file) as backends:
             agent = Agent(
-                Config.default(), "<defaults>", plugin_dir, backends, metrics_address="127.0.0.1:0"
+                Config.default(),
+                "<defaults>",
+                DevicePlugins(plugin_dir),
+                backends,
+                metrics_address="127.0.0.1:0",
             )
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))

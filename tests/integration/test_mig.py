@@ -104,9 +104,7 @@ def test_an_unreadable_mig_access_file_costs_that_instance_its_caps_only(tmp_pat
     assert gone in warning["error"]
     small = next(r for r in family.resources() if r.name == MIG_1G)
     paths = {
-        uuid: {
-            d.container_path for d in small.allocate([uuid]).devices if "caps" in d.container_path
-        }
+        uuid: {d.container_path for d in small.allocate([uuid]).nodes if "caps" in d.container_path}
         for uuid in MIG_1G_UUIDS
     }
     index = {m.uuid: i for i, m in enumerate(MIG_GPU.mig_instances)}

@@ -28,6 +28,7 @@ from agents.config import parse_config
 from agents.core.device import Device
 from agents.core.health import Cause, DeviceHealth, Grade, LinkNotUp, Signal
 from agents.daemon import Agent
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
 from tests.conditions import WAIT, async_wait_until
@@ -104,7 +105,7 @@ async def running(
             agent = Agent(
                 parse_config(config, "<test>"),
                 "<test>",
-                plugin_dir,
+                DevicePlugins(plugin_dir),
                 backends,
                 timing=SHORT,
                 metrics_address="127.0.0.1:0" if metrics else None,

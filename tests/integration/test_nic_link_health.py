@@ -22,6 +22,7 @@ from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
 from agents.hw.netlink import LinkState, NetlinkMonitor
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.standin.kubelet import Kubelet
 from tests.families import running_family
@@ -63,7 +64,9 @@ async def running(veth: tuple[str, str]) -> AsyncIterator[Running]:
         await kubelet.start()
         stop = asyncio.Event()
         async with simulated_backends(node_file) as backends:
-            agent = Agent(Config.default(), "<test>", plugin_dir, backends, timing=SHORT)
+            agent = Agent(
+                Config.default(), "<test>", DevicePlugins(plugin_dir), backends, timing=SHORT
+            )
             await agent.start()
             task = asyncio.ensure_future(agent.run(stop))
             try:

@@ -21,8 +21,9 @@ from agents.hw.netlink import LinkState, NetlinkMonitor
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
 from agents.roce.signals import NicSignalWatch
-from agents.sim.node import NodeSpec, parse_node
+from agents.sim.node import parse_node
 from agents.sim.simnode import SimulatedNode
+from agents.sim.specs import NodeSpec
 from agents.sim.sysfs_tree import SysfsTree
 from tests.conditions import WAIT, async_wait_until
 from tests.veth import ip, veth_pair

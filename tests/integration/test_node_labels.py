@@ -18,10 +18,11 @@ import yaml
 
 from agents.backends import simulated_backends
 from agents.config import Config
-from agents.core.fabric import LEAF_GROUP
+from agents.core.fabric_place import LEAF_GROUP
 from agents.core.health import Cause, GpuLost
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from tests.conditions import WAIT, async_wait_until
 from tests.families import running_family
@@ -87,7 +88,7 @@ async def labelled(tmp_path: Path, plugin_dir: Path) -> AsyncIterator[Labelled]:
         agent = Agent(
             Config.default(),
             "<defaults>",
-            plugin_dir,
+            DevicePlugins(plugin_dir),
             backends,
             nfd_features_file=features,
             timing=SHORT,

@@ -24,6 +24,7 @@ import yaml
 from agents.backends import simulated_backends
 from agents.config import Config
 from agents.daemon import Agent
+from agents.plugin.api import DevicePlugins
 from agents.roce.family import RoceFamily
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
@@ -135,7 +136,10 @@ async def degraded_run(doc: Mapping[str, Any], seed: int) -> tuple[Judge, Outcom
         try:
             async with simulated_backends(node_file) as backends:
                 agent = Agent(
-                    Config.default(), "<test>", plugin_dir, backends, pod_resources_socket=socket
+                    Config.default(),
+                    "<test>",
+                    DevicePlugins(plugin_dir, socket),
+                    backends,
                 )
                 await agent.start()
                 task = asyncio.ensure_future(agent.run(stop))

@@ -16,7 +16,8 @@ from agents.core.ledger import GPU, NIC
 from agents.core.topology import PciLocation
 from agents.daemon import Agent
 from agents.kernel.kubelet_facts import CheckpointFile, PodResources
-from agents.pairing import Pairing
+from agents.plugin.api import DevicePlugins
+from agents.plugin.kubelet_pairing import Pairing
 from agents.sim.bundled import bundled_node
 from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, write_checkpoint
 from agents.standin.podresources import PodResourcesServer
@@ -33,7 +34,7 @@ async def test_time_slicing_turns_pairing_off_and_says_once_what_is_unpaired(
     config = parse_config(yaml.safe_dump(sharing_config(4)), "<test>")
     with structlog.testing.capture_logs() as logs:
         async with simulated_backends(node) as backends:
-            agent = Agent(config, "<test>", tmp_path, backends)
+            agent = Agent(config, "<test>", DevicePlugins(tmp_path), backends)
             await agent.start()
             assert agent.pairing is not None and not agent.pairing.active
     off = [e for e in logs if e["event"] == "pairing_off"]

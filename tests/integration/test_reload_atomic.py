@@ -20,8 +20,10 @@ from agents.config import Config, parse_config
 from agents.core.topology import Topology
 from agents.daemon import Agent
 from agents.errors import BackendError, ConfigError
-from agents.family import Context, Family, FamilyKind
+from agents.family import AnyKind, Context, Family
 from agents.gpu.kind import GpuKind, discover_gpus
+from agents.plugin.api import DevicePlugins
+from agents.plugin.kubelet_pairing import Pairing
 from agents.roce.family import discover_nics
 from agents.roce.kind import RoceKind
 from agents.sim.nvml import SimNvml
@@ -44,7 +46,7 @@ CONFIGS = (
 class Failing:
     """A family kind whose discovery fails once `failing` is set (sysfs gone)."""
 
-    def __init__(self, kind: FamilyKind) -> None:
+    def __init__(self, kind: AnyKind) -> None:
         self._kind = kind
         self.name, self.sections, self.pairs_as = kind.name, kind.sections, kind.pairs_as
         self.failing = False
@@ -79,7 +81,7 @@ class Running:
     def state(self) -> tuple[object, ...]:
         """Everything a reload may change, by identity where identity is the point."""
         agent = self.agent
-        assert agent.pairing is not None
+        assert isinstance(agent.pairing, Pairing)
         servers = plugin_manager(agent).servers
         nvml = self.backends.nvml
         assert isinstance(nvml, SimNvml)
@@ -115,11 +117,13 @@ def partners_of(backends: Backends) -> dict[str, set[str]]:
 
 @contextlib.asynccontextmanager
 async def running(
-    node_file: Path, kubelet: Kubelet, kinds: Sequence[FamilyKind]
+    node_file: Path, kubelet: Kubelet, kinds: Sequence[AnyKind]
 ) -> AsyncIterator[Running]:
     async with simulated_backends(node_file) as backends:
         partners = partners_of(backends)
-        agent = Agent(Config.default(), "<test>", kubelet.plugin_dir, backends, kinds)
+        agent = Agent(
+            Config.default(), "<test>", DevicePlugins(kubelet.plugin_dir), backends, kinds
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
         try:

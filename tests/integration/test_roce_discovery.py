@@ -12,7 +12,8 @@ from agents.config import parse_config
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import discover
 from agents.sim.bundled import bundled_node
-from agents.sim.node import NodeSpec, load_node
+from agents.sim.node import load_node
+from agents.sim.specs import NodeSpec
 from agents.sim.sysfs_tree import SysfsTree
 
 

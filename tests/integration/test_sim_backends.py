@@ -13,6 +13,7 @@ from agents.config import Config
 from agents.daemon import Agent
 from agents.errors import ConfigError
 from agents.families import parse_families
+from agents.plugin.api import DevicePlugins
 from tests.conditions import WAIT, async_wait_until
 
 NETLINK_ROUTE = 0
@@ -46,7 +47,9 @@ async def test_a_gpu_only_agent_leaves_no_host_link_socket_open(
     stop = asyncio.Event()
     async with simulated_backends(node_file) as backends:
         assert len(_link_watch_sockets() - before) == 1  # the host's link monitor
-        agent = Agent(Config.default(), "<test>", plugin_dir, backends, parse_families("gpu"))
+        agent = Agent(
+            Config.default(), "<test>", DevicePlugins(plugin_dir), backends, parse_families("gpu")
+        )
         await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:

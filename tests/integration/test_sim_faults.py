@@ -18,8 +18,8 @@ from agents.hw.netlink import LinkState
 from agents.hw.nvml import XidEvent
 from agents.sim.bundled import bundled_node
 from agents.sim.links import SimLinkMonitor
-from agents.sim.node import NodeSpec
 from agents.sim.simnode import SimulatedNode
+from agents.sim.specs import NodeSpec
 from agents.tasks import until
 from tests.conditions import async_wait_until
 from tests.writers import write_atomic, write_in_place
@@ -157,7 +157,7 @@ class FakeHostLinks:
 
 
 def _node_with_lo() -> NodeSpec:
-    from agents.sim.node import NicSpec
+    from agents.sim.specs import NicSpec
 
     return NodeSpec(nics=(NicSpec("0000:1c:00.0", "lo"), NicSpec("0000:1d:00.0", "ens9")))
 

@@ -13,7 +13,8 @@ from agents.errors import BackendError
 from agents.hw.nvidia_caps import access_files, mig_cap_devices
 from agents.hw.sysfs import RdmaPort, Sysfs
 from agents.sim.bundled import bundled_node
-from agents.sim.node import NodeSpec, load_node
+from agents.sim.node import load_node
+from agents.sim.specs import NodeSpec
 from agents.sim.sysfs_tree import SysfsTree
 
 NODES = ["h100-8gpu-8nic", "h100-8gpu-4nic"]

@@ -26,6 +26,7 @@ from agents.core.health import DeviceHealth, Grade
 from agents.daemon import Agent
 from agents.dra.api import DraApi
 from agents.families import KINDS
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.conditions import WAIT, async_wait_until
@@ -110,7 +111,7 @@ async def test_a_third_family_is_served_through_device_plugins_with_its_health(
             agent = Agent(
                 Config.default(),
                 "<test>",
-                plugin_dir,
+                DevicePlugins(plugin_dir),
                 backends,
                 kinds=(*KINDS, CardKind()),
                 reporter=told,
@@ -196,10 +197,9 @@ async def test_a_third_family_is_published_through_dra_with_its_facts(tmp_path: 
             agent = Agent(
                 Config.default(),
                 "<test>",
-                root / "device-plugins",
+                await DraApi().serve(opts, {}),
                 backends,
                 kinds=(CardKind(),),
-                api=await DraApi().serve(opts, {}),
                 timing=SHORT,
             )
             async with running(agent):

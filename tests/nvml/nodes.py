@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from agents.hw.nvml import ARCHITECTURES
-from agents.sim.node import GpuSpec, NodeSpec
 from agents.sim.nvml import model, placed, reading
+from agents.sim.specs import GpuSpec, NodeSpec
 from tests.nvml.state import (
     ERRORS,
     NVLINK_GPU,

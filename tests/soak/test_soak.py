@@ -27,8 +27,10 @@ from agents.core.health import GpuLost
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
 from agents.gpu.family import GpuFamily
+from agents.plugin.api import DevicePlugins
 from agents.sim.bundled import bundled_node
-from agents.sim.node import NodeSpec, parse_node
+from agents.sim.node import parse_node
+from agents.sim.specs import NodeSpec
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod, PodAllocation
 from hack.benchlib.agent import GPU, NIC, AgentProcess
 from hack.benchlib.nodes import write_yaml
@@ -248,7 +250,7 @@ async def test_node_file_churn_ends_with_health_exactly_as_the_health_model_says
     stop = asyncio.Event()
     rng = random.Random(4)
     async with simulated_backends(node) as backends:
-        agent = Agent(Config.default(), "<soak>", kubelet.plugin_dir, backends)
+        agent = Agent(Config.default(), "<soak>", DevicePlugins(kubelet.plugin_dir), backends)
         await agent.start()
         task = asyncio.ensure_future(agent.run(stop))
         try:

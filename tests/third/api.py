@@ -72,10 +72,10 @@ def listing(offers: Sequence[Offer]) -> Doc:
 
 def edits_doc(edits: ContainerEdits) -> Doc:
     return {
-        "env": dict(edits.env),
+        "env": edits.named_env(),
         "nodes": {
-            f"{r}/{i}": [[s.container_path, s.host_path, s.permissions] for s in specs]
-            for (r, i), specs in edits.nodes.items()
+            f"{r}/{i}": [[s.container_path, s.host_path, s.permissions] for s in nodes]
+            for (r, i), nodes in edits.device_nodes.items()
         },
         "mounts": [[m.container_path, m.host_path, m.read_only] for m in edits.mounts],
     }
@@ -146,11 +146,14 @@ class ListingRuntime:
 
 
 class ListingServe:
-    pairs = False  # nobody asks for a preferred allocation
     names_devices = False
 
     def __init__(self, path: Path) -> None:
         self._path = path
+
+    def pairing(self) -> None:
+        """Nobody asks for a preferred allocation: nothing to pair."""
+        return None
 
     def runtime(self, fresh: Sequence[Offer], host: Host) -> Runtime:
         return ListingRuntime(self._path, host)
@@ -181,6 +184,9 @@ class ListingApi:
         run.add_argument(
             "--listing-socket", type=Path, metavar="PATH", help="listing: the socket served"
         )
+
+    def flags_error(self, opts: argparse.Namespace) -> str | None:
+        return None
 
     async def serve(self, opts: argparse.Namespace, env: Mapping[str, str]) -> Serve:
         if opts.listing_socket is None:

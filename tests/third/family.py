@@ -12,7 +12,7 @@ from pathlib import Path
 
 from agents.backends import Backends
 from agents.config import Config
-from agents.core.device import ContainerAllocation, Device, DeviceSpec
+from agents.core.device import Device, DeviceNode
 from agents.core.health import Cause, DeviceHealth, Figure, Taint
 from agents.core.topology import PciLocation
 from agents.family import Context, Family, HealthSink, Located
@@ -113,18 +113,19 @@ class CardResource:
             Device(c.name, causes.get(c.name) is None, c.numa) for c in self._cards.values()
         )
 
-    def _node(self, device_id: str) -> DeviceSpec:
-        return DeviceSpec(f"/dev/{device_id}", f"{self._dev_root}/dev/{device_id}")
+    def _node(self, device_id: str) -> DeviceNode:
+        return DeviceNode(f"/dev/{device_id}", f"{self._dev_root}/dev/{device_id}")
 
     def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
-        nodes = {(RESOURCE, i): (self._node(i),) for i in device_ids}
-        return ContainerEdits({VISIBLE_ENV: ",".join(device_ids)}, nodes)
+        own = {(RESOURCE, i): (self._node(i),) for i in device_ids}
+        nodes = tuple(self._node(i) for i in device_ids)
+        return ContainerEdits({VISIBLE_ENV: ",".join(device_ids)}, nodes, own)
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        edits = self.edits(device_ids)
-        return ContainerAllocation(
-            envs=edits.env, devices=tuple(s for specs in edits.nodes.values() for s in specs)
-        )
+    def physical_id(self, device_id: str) -> str:
+        return device_id
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerEdits:
+        return self.edits(device_ids)
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int

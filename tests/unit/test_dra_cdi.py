@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.core.device import DeviceSpec
+from agents.core.device import DeviceNode
 from agents.dra.cdi import CdiDevice, CdiSpecs, cdi_ids
 from tests.writers import file_size_limit
 
 DRIVER = "gpu.nvidia.com"
 UID = "0b1e2f3a-4c5d-6e7f-8091-a2b3c4d5e6f7"  # starts with a digit, as UIDs may
-CTL = DeviceSpec("/dev/nvidiactl", "/dev/nvidiactl")
-GPU0 = CdiDevice("gpu-0", (DeviceSpec("/dev/nvidia0", "/dev/nvidia0"), CTL))
-GPU1 = CdiDevice("gpu-1", (DeviceSpec("/dev/nvidia1", "/run/sim/dev/nvidia1", "r"), CTL))
+CTL = DeviceNode("/dev/nvidiactl", "/dev/nvidiactl")
+GPU0 = CdiDevice("gpu-0", (DeviceNode("/dev/nvidia0", "/dev/nvidia0"), CTL))
+GPU1 = CdiDevice("gpu-1", (DeviceNode("/dev/nvidia1", "/run/sim/dev/nvidia1", "r"), CTL))
 ENV = {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b", "EMPTY": ""}
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.core.device import DeviceSpec
-from agents.dra.checkpoint import (
+from agents.core.device import DeviceNode
+from agents.dra.claim_checkpoint import (
     CheckpointError,
     ClaimCheckpoint,
     PreparedClaim,
@@ -29,8 +29,8 @@ GPU0 = PreparedDevice(
     pool="node-1",
     cdi_ids=(f"k8s.gpu.nvidia.com/claim={UID}-gpu-0", ENV_ID),
     nodes=(
-        DeviceSpec("/dev/nvidia0", "/sim/dev/nvidia0", "r"),
-        DeviceSpec("/dev/nvidiactl", "/dev/nvidiactl"),
+        DeviceNode("/dev/nvidia0", "/sim/dev/nvidia0", "r"),
+        DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),
     ),
 )
 ADMIN = PreparedDevice("gpu-1", ("watch",), "node-1", (ENV_ID,), admin_access=True)

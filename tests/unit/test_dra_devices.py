@@ -179,7 +179,12 @@ def test_versions_and_quantities_read_as_the_api_server_expects() -> None:
 
 def test_named_devices_sets_back_what_claims_decide_and_warns_once_for_each() -> None:
     config = Config(
-        flags=Flags(mig_strategy="single", device_id_strategy="index", pass_device_specs=False),
+        flags=Flags(
+            mig_strategy="single",
+            device_id_strategy="index",
+            device_list_strategy=frozenset({"cdi-cri"}),
+            pass_device_specs=True,
+        ),
         sharing=Sharing(TimeSlicing(resources=(TimeSlicedResource("nvidia.com/gpu", 4),))),
         roce=Roce(resource_name="rdma/fast"),
     )
@@ -187,9 +192,17 @@ def test_named_devices_sets_back_what_claims_decide_and_warns_once_for_each() ->
         gpu = GpuKind().named_devices(config)
         roce = RoceKind().named_devices(config)
     warned = [e["key"] for e in logs if e["event"] == "dra_ignores_key"]
-    assert warned == ["sharing.timeSlicing", "migStrategy", "deviceIDStrategy", "roce.resourceName"]
+    assert warned == [
+        "sharing.timeSlicing",
+        "migStrategy",
+        "deviceListStrategy",
+        "deviceIDStrategy",
+        "passDeviceSpecs",
+        "roce.resourceName",
+    ]
     assert gpu.flags.mig_strategy == "mixed" and gpu.flags.device_id_strategy == "uuid"
-    assert gpu.flags.pass_device_specs and gpu.flags.device_list_strategy == {"envvar"}
+    # The device-plugin API's own keys are left as they are: nothing in DRA reads them.
+    assert gpu.flags.pass_device_specs and gpu.flags.device_list_strategy == {"cdi-cri"}
     assert gpu.sharing == Sharing() and gpu.roce == config.roce and gpu.health == config.health
     assert roce.roce.resource_name == "rdma/roce" and roce.flags == config.flags
     with capture_logs() as logs:

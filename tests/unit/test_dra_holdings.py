@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.core.device import DeviceSpec
-from agents.dra.checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
+from agents.core.device import DeviceNode
+from agents.dra.claim_checkpoint import ClaimCheckpoint, PreparedClaim, PreparedDevice
 from agents.dra.holdings import DraHoldings
 from agents.kernel.kubelet_facts import PodResources
 
-NODE = (DeviceSpec("/dev/null", "/dev/null"),)
+NODE = (DeviceNode("/dev/null", "/dev/null"),)
 
 
-async def test_held_devices_and_their_replicas_are_withheld(tmp_path: Path) -> None:
+async def test_held_devices_are_withheld_under_any_resource_name(tmp_path: Path) -> None:
     devices = (
         PreparedDevice("gpu-0", ("a",), "n", (), NODE, False, "nvidia.com/gpu", "GPU-0"),
         PreparedDevice("gpu-1", ("b",), "n", (), NODE, True, "nvidia.com/gpu", "GPU-1"),
@@ -23,11 +23,10 @@ async def test_held_devices_and_their_replicas_are_withheld(tmp_path: Path) -> N
     holdings = DraHoldings(tmp_path, tmp_path / "registry", tmp_path / "cdi", PodResources(None))
     await holdings.restore(["gpu.nvidia.com", "roce.node-agents.io"])
     assert holdings.holds("nvidia.com/gpu", "GPU-0")
-    assert holdings.holds("nvidia.com/gpu", "GPU-0::3")
     assert not holdings.holds("nvidia.com/gpu", "GPU-1")  # adminAccess
     assert not holdings.holds("nvidia.com/gpu", "GPU-00")
-    assert holdings.holds("nvidia.com/gpu.shared", "GPU-0::0")  # renamed by time-slicing
-    assert not holdings.holds("nvidia.com/gpu.shared", "GPU-2::0")
+    assert holdings.holds("nvidia.com/gpu.shared", "GPU-0")  # renamed by time-slicing
+    assert not holdings.holds("nvidia.com/gpu.shared", "GPU-2")
     assert holdings.version == 1
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.core.fabric import (
+from agents.core.fabric_place import (
     LEAF_GROUP,
     SPINE,
     TIER_0,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from agents.config import Fabric
 from agents.hw.lldp import Neighbour
-from agents.roce.fabric import FabricWatch
+from agents.roce.fabric_watch import FabricWatch
 
 LEAF_A = Neighbour("b8:59:9f:0a:00:01", "Ethernet1/1", 120, "leaf-a")
 LEAF_B = Neighbour("b8:59:9f:0b:00:01", "Ethernet1/1", 120, "leaf-b")

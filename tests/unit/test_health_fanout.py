@@ -19,7 +19,7 @@ from agents.core.health import (
     Xids,
     signal_cause,
 )
-from agents.health import HealthFanout
+from agents.health_fanout import HealthFanout
 from agents.kernel.telemetry import NoTelemetry
 
 

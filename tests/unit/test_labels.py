@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.config import Config
+from agents.core.topology import pairs_label
 from agents.gpu.family import GpuFamily
-from agents.gpu.kind import GpusFound
+from agents.gpu.found import GpusFound
 from agents.hw.sysfs import Sysfs
 from agents.labels import PREFIX, label_value, prefixed
-from agents.pairing import pairs_label
 from agents.roce.family import NicsFound, RoceFamily
 
 # The apimachinery rule for label values: empty, or at most 63 characters of
@@ -78,7 +78,7 @@ def _empty_families() -> dict[str, dict[str, str]]:
     config = Config.default()
     gpu = GpuFamily(Uninitialised(), GpusFound((), (), {}, "", held=False), config)
     roce = RoceFamily(Sysfs(Path("/nonexistent")), Unread(), NicsFound((), {}), config)
-    return {"gpu": gpu.labels(), "roce": roce.labels(), "pairs": pairs_label({})}
+    return {"gpu": gpu.labels(), "roce": roce.labels(), "pairs": pairs_label({}, {})}
 
 
 def test_node_labels_without_devices_are_valid_and_say_so() -> None:

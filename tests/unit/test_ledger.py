@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from agents.core.checkpoint import CheckpointFormatError, parse_checkpoint
+from agents.core.kubelet_checkpoint import CheckpointFormatError, parse_checkpoint
 from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.standin.checkpoint import CheckpointEntry, checkpoint_data, pod_uid
 

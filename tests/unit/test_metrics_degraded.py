@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.core.device import ContainerAllocation, Device
+from agents.core.device import Device
 from agents.core.gpu_signals import GpuReading
 from agents.core.health import DeviceHealth, Signal, Signals, Xids
 from agents.core.nic_signals import NicReading
 from agents.core.readings import gpu_readings, nic_readings
-from agents.health import HealthFanout
+from agents.health_fanout import HealthFanout
 from agents.kernel.catalogue import Inventory, Resource
+from agents.kernel.edits import ContainerEdits
 from agents.metrics import READINGS, Metrics
 
 GPU = ("nvidia.com/gpu", "GPU-0", "GPU 0")
@@ -127,7 +128,10 @@ class Listed:
         self.name = "nvidia.com/gpu"
         self.inventory = Inventory(devices)
 
-    def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
+    def physical_id(self, device_id: str) -> str:
+        return device_id
+
+    def allocate(self, device_ids: Sequence[str]) -> ContainerEdits:
         raise NotImplementedError
 
     def preferred(

@@ -48,7 +48,7 @@ NOT_IN_DEVICE_PLUGIN_MODE = (
     "agents.dra.server",
     "agents.dra.driver",
     "agents.dra.claims",
-    "agents.dra.checkpoint",
+    "agents.dra.claim_checkpoint",
     "agents.dra.cdi",
     "agents.cluster.client",
     "agents.metrics",

@@ -39,22 +39,22 @@ def counters(**grown: int) -> NicReading:
 
 def test_link_speed_below_expected_then_healthy_after_the_hold() -> None:
     signals, clock = nic()
-    assert signals.observe(WELL, 400000).grade == "healthy"
+    assert signals.observe(WELL, 400000).level == "healthy"
     slow = signals.observe(dataclasses.replace(WELL, speed_mbps=100000), 400000)
-    assert slow.grade == "degraded"
+    assert slow.level == "degraded"
     assert slow.message == "ens1np0 at 100000 Mb/s, expected 400000"
     assert dict(slow.signals[0].figures) == {"speedMbps": 100000, "expectedMbps": 400000}
     clock.now += HOLD_S - 1
-    assert signals.observe(WELL, 400000).grade == "degraded"
+    assert signals.observe(WELL, 400000).level == "degraded"
     clock.now += 1
-    assert signals.observe(WELL, 400000).grade == "healthy"
+    assert signals.observe(WELL, 400000).level == "healthy"
 
 
 def test_link_speed_of_a_link_that_is_down_is_not_judged() -> None:
     signals, _ = nic()
     down = NicReading(speed_mbps=None, carrier_changes=2, up=False, counters=WELL.counters)
     out = signals.observe(down, 400000)
-    assert out.grade == "healthy"
+    assert out.level == "healthy"
     assert not any(u.signal == "link-speed" for u in out.unknown)
 
 
@@ -69,7 +69,7 @@ def test_link_speed_of_a_link_that_is_down_is_not_judged() -> None:
 def test_link_speed_unknown_never_degraded(speed: int | None, expected: int | None) -> None:
     signals, _ = nic()
     out = signals.observe(dataclasses.replace(WELL, speed_mbps=speed), expected)
-    assert out.grade == "healthy"
+    assert out.level == "healthy"
     assert Unknown("link-speed", NOT_OFFERED) in out.unknown
 
 
@@ -96,18 +96,18 @@ def test_rdma_errors_growing_over_the_limit_in_a_minute_then_healthy() -> None:
     signals, clock = nic(limit=10)
     signals.observe(WELL, None)
     clock.now += 30
-    assert signals.observe(counters(symbol_error=10), None).grade == "healthy"
+    assert signals.observe(counters(symbol_error=10), None).level == "healthy"
     clock.now += 5
     out = signals.observe(counters(symbol_error=25, packet_seq_err=1), None)
-    assert out.grade == "degraded"
+    assert out.level == "degraded"
     assert out.message == ("ens1np0 RDMA errors in the last minute: symbol_error +25 (limit 10)")
     steady = counters(symbol_error=25, packet_seq_err=1)
     clock.now += 5  # the growth is still within the minute
     assert signals.observe(steady, None).signals[0].held is False
     clock.now += HOLD_S - 1
-    assert signals.observe(steady, None).grade == "degraded"
+    assert signals.observe(steady, None).level == "degraded"
     clock.now += 1
-    assert signals.observe(steady, None).grade == "healthy"
+    assert signals.observe(steady, None).level == "healthy"
 
 
 def test_rdma_errors_at_a_steady_low_rate_stay_healthy() -> None:
@@ -116,7 +116,7 @@ def test_rdma_errors_at_a_steady_low_rate_stay_healthy() -> None:
         for tick in range(12):
             value = minute * 10 + (10 * tick) // 12
             out = signals.observe(counters(port_rcv_errors=value), None)
-            assert out.grade == "healthy"
+            assert out.level == "healthy"
             clock.now += 5
 
 
@@ -125,10 +125,10 @@ def test_rdma_counter_going_backwards_is_unknown_once_not_degraded() -> None:
     signals.observe(counters(symbol_error=1_000_000), None)
     clock.now += 5
     out = signals.observe(counters(symbol_error=2), None)
-    assert out.grade == "healthy"
+    assert out.level == "healthy"
     assert out.unknown == (Unknown("rdma-errors/symbol_error", BACKWARDS),)
     clock.now += 5
-    assert signals.observe(counters(symbol_error=5), None).grade == "healthy"
+    assert signals.observe(counters(symbol_error=5), None).level == "healthy"
 
 
 def test_no_rdma_counters_is_unknown_once() -> None:
@@ -144,22 +144,22 @@ def test_link_flaps_more_than_two_changes_in_ten_minutes_while_up() -> None:
     signals.observe(WELL, None)
     clock.now += 100
     up = dataclasses.replace(WELL, carrier_changes=3)  # one flap: down and up
-    assert signals.observe(up, None).grade == "healthy"
+    assert signals.observe(up, None).level == "healthy"
     clock.now += 100
     down = dataclasses.replace(WELL, carrier_changes=4, up=False)
-    assert signals.observe(down, None).grade == "healthy"  # down is Unhealthy elsewhere
+    assert signals.observe(down, None).level == "healthy"  # down is Unhealthy elsewhere
     clock.now += 5
     out = signals.observe(dataclasses.replace(WELL, carrier_changes=5), None)
-    assert out.grade == "degraded"
+    assert out.level == "degraded"
     assert out.message == "ens1np0 link changed 4 times in the last 10 minutes"
     # The changes leave the ten-minute window, then the hold runs.
     steady = dataclasses.replace(WELL, carrier_changes=5)
     clock.now = start + 599  # the first change is still within the window
     assert signals.observe(steady, None).signals[0].held is False
     clock.now += HOLD_S - 1
-    assert signals.observe(steady, None).grade == "degraded"
+    assert signals.observe(steady, None).level == "degraded"
     clock.now += 1
-    assert signals.observe(steady, None).grade == "healthy"
+    assert signals.observe(steady, None).level == "healthy"
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_link_flaps_more_than_two_changes_in_ten_minutes_while_up() -> None:
 def test_link_flaps_unknown(reading: NicReading, reason: str) -> None:
     signals, _ = nic()
     out = signals.observe(reading, None)
-    assert out.grade == "healthy"
+    assert out.level == "healthy"
     assert Unknown("link-flaps", reason) in out.unknown
 
 
@@ -181,7 +181,7 @@ def test_carrier_changes_going_backwards_is_unknown_not_degraded() -> None:
     signals.observe(dataclasses.replace(WELL, carrier_changes=50), None)
     clock.now += 5
     out = signals.observe(dataclasses.replace(WELL, carrier_changes=1), None)
-    assert out.grade == "healthy"
+    assert out.level == "healthy"
     assert Unknown("link-flaps", BACKWARDS) in out.unknown
 
 
@@ -189,11 +189,11 @@ def test_new_limits_apply_from_the_next_probe() -> None:
     signals, clock = nic(limit=10)
     signals.observe(WELL, None)
     clock.now += 5
-    assert signals.observe(counters(symbol_error=5), None).grade == "healthy"
+    assert signals.observe(counters(symbol_error=5), None).level == "healthy"
     signals.apply(Limits(hold_s=5, nic_speed_mbps=0, rdma_errors_per_minute=3))
     clock.now += 5
-    assert signals.observe(counters(symbol_error=6), None).grade == "degraded"  # +6 > 3
+    assert signals.observe(counters(symbol_error=6), None).level == "degraded"  # +6 > 3
     clock.now += 60
     signals.observe(counters(symbol_error=6), None)
     clock.now += 5
-    assert signals.observe(counters(symbol_error=6), None).grade == "healthy"  # 5 s hold
+    assert signals.observe(counters(symbol_error=6), None).level == "healthy"  # 5 s hold

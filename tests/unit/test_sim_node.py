@@ -10,7 +10,8 @@ import yaml
 from agents.errors import ConfigError
 from agents.hw.nvml import MigInstance
 from agents.sim.bundled import bundled_node, bundled_nodes
-from agents.sim.node import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, load_node, parse_node
+from agents.sim.node import load_node, parse_node
+from agents.sim.specs import DEFAULT_MEMORY_MIB, DEFAULT_MODEL
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

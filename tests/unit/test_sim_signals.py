@@ -11,9 +11,10 @@ import yaml
 
 from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError, ConfigError
-from agents.sim.node import NodeSpec, parse_node
+from agents.sim.node import parse_node
 from agents.sim.nvml import SimNvml
 from agents.sim.signal_fields import PcieSpec
+from agents.sim.specs import NodeSpec
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000000"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import structlog
 
 from agents.cluster.client import ApiClient, ApiError, UnreachableError
-from agents.core.fabric import ALL_KEYS
+from agents.core.fabric_place import ALL_KEYS
 from agents.kernel.catalogue import Inventory
 from agents.tasks import first
 

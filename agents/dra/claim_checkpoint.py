@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.atomic_file import write_atomically
-from agents.core.device import DeviceSpec
+from agents.core.device import DeviceNode
 from agents.errors import AgentError
 
 VERSION = 1
@@ -39,7 +39,7 @@ class PreparedDevice:
     requests: tuple[str, ...]
     pool: str
     cdi_ids: tuple[str, ...]
-    nodes: tuple[DeviceSpec, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
     admin_access: bool = False
     resource: str = ""  # the family resource that served it, and its ID there: what the
     device_id: str = ""  # device-plugin API must not hand out while the claim holds it
@@ -164,7 +164,7 @@ def _device(data: dict[str, Any]) -> PreparedDevice:
         requests=_strings(data["requests"]),
         pool=_str(data["pool"]),
         cdi_ids=_strings(data["cdiIDs"]),
-        nodes=tuple(DeviceSpec(*_strings(node)) for node in _list(data["nodes"])),
+        nodes=tuple(DeviceNode(*_strings(node)) for node in _list(data["nodes"])),
         admin_access=data["adminAccess"],
         resource=_str(data.get("resource", "")),
         device_id=_str(data.get("deviceID", "")),

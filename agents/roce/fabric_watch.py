@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 import structlog
 
 from agents.config import Fabric
-from agents.core.fabric import Place, fabric_labels, place_of
+from agents.core.fabric_place import Place, fabric_labels, place_of
 from agents.hw.lldp import Neighbour, NeighbourSource
 
 log = structlog.get_logger(__name__)

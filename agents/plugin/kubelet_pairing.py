@@ -1,9 +1,11 @@
-"""GPU<->NIC pairing wired to the kubelet: the whole-GPU resource and the NIC resource share
-one ledger (agents.core.ledger), fed with the checkpoint before every call and with
-pod-resources before every preferred answer (agents.kernel.kubelet_facts).
+"""GPU<->NIC pairing as the device-plugin API does it, wired to the kubelet: the whole-GPU
+resource and the NIC resource share one ledger (agents.core.ledger), fed with the
+kubelet's device checkpoint before every call and with pod-resources before every
+preferred answer (agents.kernel.kubelet_facts).
 
-Built before the families, which get a side each at construction; each side tells where
-its devices are once they are discovered, and again when they change.
+Made by the API (agents/plugin/api.py) before the families, which get a side each at
+construction; each side tells where its devices are once they are discovered, and again
+when they change.
 """
 
 from __future__ import annotations
@@ -16,12 +18,10 @@ import structlog
 from agents.core.budget import Expired, never
 from agents.core.ledger import GPU, NIC, Event, Ledger
 from agents.core.subsets import PairCosts
-from agents.core.topology import Distance, PciLocation, Topology
+from agents.core.topology import PciLocation, Topology
 from agents.kernel.kubelet_facts import CheckpointFile, PodResources
 
 log = structlog.get_logger(__name__)
-
-PAIRED_KINDS = frozenset({GPU, NIC})  # pairing runs when families of both kinds do
 
 
 class Pairing:
@@ -117,8 +117,8 @@ class Pairing:
         if self.ledger.wants_listing(kind):
             self.ledger.pod_resources(await self._pod_resources.list())
 
-    def side(self, kind: str) -> PairingSide:
-        return PairingSide(self, kind)
+    def side(self, kind: str) -> LedgerSide:
+        return LedgerSide(self, kind)
 
     async def close(self) -> None:
         self._checkpoint.close()
@@ -126,8 +126,8 @@ class Pairing:
 
 
 @dataclass(frozen=True)
-class PairingSide:
-    """The pairing as one resource sees it (agents.core.ledger.PairingSide)."""
+class LedgerSide:
+    """The pairing as one resource sees it: an agents.core.ledger.PairingSide."""
 
     pairing: Pairing
     kind: str
@@ -160,18 +160,6 @@ class PairingSide:
         if self.pairing.active:
             self.pairing.sync()
             self.pairing.ledger.allocated(self.kind, ids)
-
-
-def pairs_label(located: Mapping[str, Mapping[str, PciLocation]]) -> dict[str, str]:
-    """The node label that says whether some GPU and NIC share a PCIe switch (PIX or PXB);
-    `located`: where the devices of each kind (GPU, NIC) sit."""
-    topology = Topology(dict(located.get(GPU, {})), dict(located.get(NIC, {})))
-    close = any(
-        topology.pair_distance(gpu, next(iter(near))) <= Distance.PXB
-        for gpu, near in topology.pairs().items()
-        if near
-    )
-    return {"gpu-nic.pairs": str(close).lower()}
 
 
 def _log_event(event: Event) -> None:

@@ -1,0 +1,22 @@
+"""What one GPU discovery found, as plain values: the kind makes it off the event loop
+(agents/gpu/kind.py), the family is built from it (agents/gpu/family.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agents.gpu.discovery import DriverVersions, Gpu
+from agents.gpu.plan import ResourcePlan
+
+
+@dataclass(frozen=True)
+class GpusFound:
+    """What one discovery found; `held` says whether it holds an NVML initialisation,
+    which the family built from it gives back."""
+
+    gpus: tuple[Gpu, ...]
+    plans: tuple[ResourcePlan, ...]
+    mig_caps: dict[str, tuple[str, ...]]  # MIG UUID -> its capability devices
+    dev_root: str  # "" on a real node
+    held: bool
+    driver: DriverVersions = field(default_factory=DriverVersions)  # its versions; "" unknown
