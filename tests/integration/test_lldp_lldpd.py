@@ -3,20 +3,17 @@ a network namespace of its own: what it says, and its shutdown frame when it sto
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from agents.hw.lldp_listener import LldpListener
 from tests.conditions import async_wait_until
-from tests.veth import veth_pair
+from tests.veth import lldpd_switch
 
 pytestmark = [
     pytest.mark.netns,
@@ -29,41 +26,12 @@ PEER = "lldpsw1"
 DEADLINE_S = 10.0  # lldpd sends its first frame within a second of starting
 
 
-def _lldpd() -> str:
-    found = shutil.which("lldpd") or shutil.which("lldpd", path="/usr/sbin")
-    if found is None:
-        why = "lldpd is not installed (Debian package lldpd; .ci/run installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    return found
-
-
 @pytest.fixture
 def lldpd_peer() -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
     """(host netdev, the peer's MAC, lldpd) with lldpd sending every second on the peer
     as the switch `leaf-lldpd`; stopped (and its veth removed) afterwards."""
-    lldpd = _lldpd()
-    with (
-        veth_pair("nad", "na-lldpd", PEER) as (host, netns),
-        tempfile.TemporaryDirectory(prefix="lldpd-") as work,
-    ):
-        os.chmod(work, 0o755)  # lldpd configures itself by lldpcli, as its own user
-        conf = Path(work) / "lldpd.conf"
-        conf.write_text("configure system hostname leaf-lldpd\nconfigure lldp tx-interval 1\n")
-        out = subprocess.run(
-            ["ip", "-j", "-n", netns, "link", "show", PEER], capture_output=True, check=True
-        )
-        mac = json.loads(out.stdout)[0]["address"]
-        # -d: foreground; -I: this port only; its own control socket and pid file, so that
-        # several can run at once; -O: our configuration instead of /etc/lldpd.d.
-        command = [lldpd, "-d", "-I", PEER, "-u", f"{work}/ctl", "-p", f"{work}/pid"]
-        process = subprocess.Popen(["ip", "netns", "exec", netns, *command, "-O", str(conf)])
-        try:
-            yield host, mac, process
-        finally:
-            process.kill()
-            process.wait(10)
+    with lldpd_switch("nad", "na-lldpd", PEER) as peer:
+        yield peer
 
 
 async def test_a_real_lldpd_is_heard_and_its_shutdown_frame_removes_it(

@@ -5,10 +5,8 @@ project's frame sender, or Debian's lldpd); and --lldp-wait 0 and no CAP_NET_RAW
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,9 +19,8 @@ import yaml
 
 from agents.sim.bundled import bundled_node
 from tests.conditions import PROCESS_WAIT, wait_until
-from tests.integration.test_lldp_lldpd import _lldpd
 from tests.lldp_frames import PeerSender, frame
-from tests.veth import veth_pair
+from tests.veth import lldpd_switch, veth_pair
 
 pytestmark = pytest.mark.netns
 
@@ -167,25 +164,8 @@ def test_without_cap_net_raw_topo_says_so_in_one_line_and_shows_no_leaf(
 def lldpd_nic(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
     """(node file, its one NIC's netdev, the peer's MAC: lldpd's port ID) with Debian's
     lldpd at the veth's far end, sending every second as the switch `leaf-lldpd`."""
-    lldpd = _lldpd()
-    with (
-        veth_pair("tpd", "natopo-lldpd", PEER) as (host, netns),
-        tempfile.TemporaryDirectory(prefix="lldpd-") as work,
-    ):
-        os.chmod(work, 0o755)  # lldpd configures itself by lldpcli, as its own user
-        conf = Path(work) / "lldpd.conf"
-        conf.write_text("configure system hostname leaf-lldpd\nconfigure lldp tx-interval 1\n")
-        out = subprocess.run(
-            ["ip", "-j", "-n", netns, "link", "show", PEER], capture_output=True, check=True
-        )
-        mac = json.loads(out.stdout)[0]["address"]
-        command = [lldpd, "-d", "-I", PEER, "-u", f"{work}/ctl", "-p", f"{work}/pid"]
-        process = subprocess.Popen(["ip", "netns", "exec", netns, *command, "-O", str(conf)])
-        try:
-            yield write_node(tmp_path, [host]), host, mac
-        finally:
-            process.kill()
-            process.wait(PROCESS_WAIT)
+    with lldpd_switch("tpd", "natopo-lldpd", PEER) as (host, mac, _):
+        yield write_node(tmp_path, [host]), host, mac
 
 
 def test_topo_hears_a_real_lldpd_within_the_default_wait(
