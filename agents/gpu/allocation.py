@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from agents.config import Flags
 from agents.core.device import DeviceNode
 from agents.gpu.plan import Unit
-from agents.kernel.edits import ContainerEdits, DeviceKey, DeviceNames
+from agents.kernel.edits import ContainerEdits, DeviceNames
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 CDI_VENDOR = "nvidia.com"
@@ -58,18 +58,15 @@ def gpu_edits(
         return DeviceNode(path, dev_root + posixpath.join(host_root, path.lstrip("/")), "rw")
 
     controls = tuple(node(p) for p in CONTROL_DEVICES)
-    own: dict[DeviceKey, tuple[DeviceNode, ...]] = {
-        (resource, u.id): (
-            node(f"/dev/nvidia{where.minors[u.gpu_uuid]}"),
-            *(node(cap) for cap in where.mig_caps.get(u.visible_id, ())),
-        )
-        for u in units
-    }
-    gpus = dict.fromkeys(node(f"/dev/nvidia{where.minors[u.gpu_uuid]}") for u in units)
-    caps = dict.fromkeys(node(c) for u in units for c in where.mig_caps.get(u.visible_id, ()))
+    gpu = {u.id: node(f"/dev/nvidia{where.minors[u.gpu_uuid]}") for u in units}
+    caps = {u.id: tuple(node(c) for c in where.mig_caps.get(u.visible_id, ())) for u in units}
     return ContainerEdits(
         env={f"NVIDIA_{mode.upper()}": "enabled" for mode in features},
-        nodes=(*controls, *gpus, *caps),
-        device_nodes={key: controls + nodes for key, nodes in own.items()},
+        nodes=(
+            *controls,
+            *dict.fromkeys(gpu.values()),
+            *dict.fromkeys(c for own in caps.values() for c in own),
+        ),
+        device_nodes={(resource, u.id): (*controls, gpu[u.id], *caps[u.id]) for u in units},
         names=DeviceNames(VISIBLE_DEVICES, names, cdi, DEVICE_LIST_DIR, ANNOTATION_WRITER),
     )

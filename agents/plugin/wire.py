@@ -7,11 +7,12 @@ from __future__ import annotations
 import posixpath
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from agents.api import api_pb2 as pb
 from agents.config import Flags
-from agents.core.device import Device, Mount
-from agents.kernel.edits import ContainerEdits
+from agents.core.device import Device, DeviceNode, Mount
+from agents.kernel.edits import ContainerEdits, DeviceNames
 
 # The device-list strategies (flags.deviceListStrategy): where the runtime learns the
 # devices' names from.
@@ -50,43 +51,55 @@ def allocation_message(
     are named as `flags` says, their device nodes passed only with passDeviceSpecs and
     only where the runtime does not inject everything from CDI; other devices' nodes and
     environment are passed as they are."""
-    env, mounts, nodes = dict(edits.env), list(edits.mounts), edits.nodes
-    annotations: dict[str, str] = {}
-    cdi: tuple[str, ...] = ()
-    names = edits.names
-    if names is not None:
-        lists = flags.device_list_strategy
-        if CDI_ANNOTATIONS in lists:
-            key = f"{flags.cdi_annotation_prefix}{names.annotation}_{response_id()}"
-            annotations[key] = ",".join(names.cdi)
-        if CDI_CRI in lists:
-            cdi = names.cdi
-        if flags.only_cdi:
-            # Named again here, the devices would be injected a second time by a hook.
-            nodes = ()
-        else:
-            if ENVVAR in lists:
-                env[names.variable] = names.joined()
-            if VOLUME_MOUNTS in lists:
-                env[names.variable] = names.mount_dir
-                mounts += [
-                    Mount(posixpath.join(names.mount_dir, n), MOUNT_SOURCE, read_only=False)
-                    for n in names.names
-                ]
-            if not flags.pass_device_specs:
-                nodes = ()
+    answer = _Answer(dict(edits.env), list(edits.mounts), edits.nodes)
+    if edits.names is not None:
+        _name(answer, edits.names, flags, response_id)
     return pb.ContainerAllocateResponse(
-        envs=env,
+        envs=answer.env,
         mounts=[
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-            for m in mounts
+            for m in answer.mounts
         ],
         devices=[
             pb.DeviceSpec(
                 container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
             )
-            for d in nodes
+            for d in answer.nodes
         ],
-        annotations=annotations,
-        cdi_devices=[pb.CDIDevice(name=name) for name in cdi],
+        annotations=answer.annotations,
+        cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi],
     )
+
+
+@dataclass
+class _Answer:
+    env: dict[str, str]
+    mounts: list[Mount]
+    nodes: tuple[DeviceNode, ...]
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi: tuple[str, ...] = ()
+
+
+def _name(
+    answer: _Answer, names: DeviceNames, flags: Flags, response_id: Callable[[], str]
+) -> None:
+    """Name the devices to the runtime in each way the device-list strategies ask."""
+    lists = flags.device_list_strategy
+    if CDI_ANNOTATIONS in lists:
+        key = f"{flags.cdi_annotation_prefix}{names.annotation}_{response_id()}"
+        answer.annotations[key] = ",".join(names.cdi)
+    if CDI_CRI in lists:
+        answer.cdi = names.cdi
+    if flags.only_cdi:
+        answer.nodes = ()  # named again here, a hook would inject the devices a second time
+        return
+    if ENVVAR in lists:
+        answer.env[names.variable] = names.joined()
+    if VOLUME_MOUNTS in lists:
+        answer.env[names.variable] = names.mount_dir
+        answer.mounts += [
+            Mount(posixpath.join(names.mount_dir, n), MOUNT_SOURCE, read_only=False)
+            for n in names.names
+        ]
+    if not flags.pass_device_specs:
+        answer.nodes = ()
