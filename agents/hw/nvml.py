@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 
 # NVML's nvmlNvLinkDeviceType_t: what the far end of an NVLink is.
@@ -49,6 +50,8 @@ class MigEngines:
     jpeg_engines: int = 0
     ofa_engines: int = 0
     memory_mib: int = 0
+    gi_slices: int = 0  # the GPU instance's slices (gpuInstanceSliceCount)
+    ci_slices: int = 0  # the compute instance's (computeInstanceSliceCount)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class GpuInfo:
     brand: str = ""  # BRANDS' name of NVML's brand: "Nvidia"
     architecture: str = ""  # ARCHITECTURES' name: "Hopper"
     compute_capability: str = ""  # CUDA compute capability: "9.0"
+    mig_capable: bool = False  # NVML answers its MIG mode (enabled or not)
 
 
 @dataclass(frozen=True)
@@ -187,4 +191,16 @@ class GpuProbe(Protocol):
     def probe(self, uuid: str) -> GpuReading:
         """Blocking (call it off the loop): one reading of the GPU's signals, a field None
         where NVML does not offer it; BackendError when the GPU is lost or unknown."""
+        ...
+
+
+@runtime_checkable
+class GpuFabrics(Protocol):
+    """The NVLink fabric a GPU registered with (nvmlDeviceGetGpuFabricInfo(V)); both
+    backends implement it beside Nvml."""
+
+    def fabric(self, uuid: str) -> Fabric | None:
+        """Blocking (call it off the loop): the GPU's fabric; None where NVML answers
+        NotSupported (no fabric: PCIe GPUs, drivers before R525). BackendError on any
+        other failure."""
         ...

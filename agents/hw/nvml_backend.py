@@ -8,11 +8,12 @@ from typing import Any
 import pynvml
 import structlog
 
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError
 from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent, cuda_version_text
 from agents.hw.nvml_events import NvmlEvents
-from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, text, translated
+from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, fabric_info, text, translated
 from agents.hw.nvml_signals import SignalReader
 
 log = structlog.get_logger(__name__)
@@ -99,6 +100,13 @@ class NvmlBackend:
         with translated(f"probe of {uuid}"):
             handle = self._handle(uuid)
         return self._signals.reading(handle, uuid)
+
+    def fabric(self, uuid: str) -> Fabric | None:
+        """The GPU's NVLink fabric (agents.hw.nvml.GpuFabrics)."""
+        if self._inits == 0:
+            raise BackendError("NVML fabric: not initialised")
+        with translated(f"fabric info of {uuid}"):
+            return fabric_info(self._lib, self._handle(uuid))
 
     def _handle(self, uuid: str) -> Any:
         """The handle listed for this GPU: a lookup by UUID searches the GPUs in turn and

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import uuid as uuidlib
 from collections.abc import Iterator
 from typing import Any
 
 import pynvml
 import structlog
 
+from agents.core.gfd_facts import Fabric
 from agents.core.mig import mig_profile_name
 from agents.errors import BackendError
 from agents.hw.nvml import (
@@ -78,7 +80,8 @@ class GpuReader:
         memory = self._read(
             index, "memory", 0, lambda: int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         )
-        mig = self._read(index, "mig_mode", False, lambda: self._mig_enabled(handle))
+        mode = self._read(index, "mig_mode", None, lambda: self._mig_mode(handle))
+        mig = mode == pynvml.NVML_DEVICE_MIG_ENABLE
         instances: tuple[MigInstance, ...] = ()
         if mig:
             instances = self._read(index, "mig_instances", (), lambda: self._migs(handle, memory))
@@ -95,6 +98,7 @@ class GpuReader:
                 index, "minor", index, lambda: int(lib.nvmlDeviceGetMinorNumber(handle))
             ),
             mig_enabled=mig,
+            mig_capable=mode is not None,
             mig_instances=instances,
             nvlink_peers=peers,
             nvswitch_links=switch_links,
@@ -125,9 +129,10 @@ class GpuReader:
                 log.warning("nvml_field_unreadable", index=index, field=what, error=str(exc))
             return default
 
-    def _mig_enabled(self, handle: object) -> bool:
-        current = self._lib.nvmlDeviceGetMigMode(handle)[0]
-        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+    def _mig_mode(self, handle: object) -> int:
+        """The current MIG mode; NotSupported (no MIG) leaves it None, as go-nvlib's
+        IsMigCapable says false then."""
+        return int(self._lib.nvmlDeviceGetMigMode(handle)[0])
 
     def _migs(self, handle: object, memory_bytes: int) -> tuple[MigInstance, ...]:
         lib = self._lib
@@ -165,6 +170,8 @@ class GpuReader:
                         jpeg_engines=int(attrs.sharedJpegCount),
                         ofa_engines=int(attrs.sharedOfaCount),
                         memory_mib=int(attrs.memorySizeMB),
+                        gi_slices=int(attrs.gpuInstanceSliceCount),
+                        ci_slices=int(attrs.computeInstanceSliceCount),
                     ),
                 )
             )
@@ -201,6 +208,30 @@ class GpuReader:
             lambda: text(lib.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId),
         )
         return NvLink(remote_type, bus)
+
+
+def fabric_info(lib: Any, handle: object) -> Fabric | None:
+    """The GPU's fabric through nvmlDeviceGetGpuFabricInfoV, or, on drivers before it,
+    nvmlDeviceGetGpuFabricInfo (the same fields); None where NVML answers NotSupported."""
+    try:
+        info: Any = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        try:
+            lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except pynvml.NVMLError as exc:
+            if code(exc) != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            lib.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    except pynvml.NVMLError as exc:
+        if code(exc) == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        raise
+    return Fabric(
+        cluster_uuid=str(uuidlib.UUID(bytes=bytes(info.clusterUuid))),
+        clique_id=int(info.cliqueId),
+        state=int(info.state),
+        status=int(info.status),
+    )
 
 
 def _named(names: tuple[str, ...], value: object) -> str:

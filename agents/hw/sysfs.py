@@ -14,6 +14,7 @@ from agents.core.topology import PciLocation
 from agents.errors import BackendError
 
 _CHUNK = 4096  # a sysfs attribute is at most one page
+NVIDIA_VENDOR = "0x10de"
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,32 @@ class Sysfs:
             _hex_id(self._read(f"{base}/device")),
         )
         return f"{vendor}:{device}" if vendor and device else ""
+
+    def pci_class(self, addr: str) -> int | None:
+        """The function's PCI class (0x030200: a 3D controller); None when unreadable."""
+        text = self._read(f"{self.root}/bus/pci/devices/{addr}/class")
+        try:
+            return int(text, 16) if text else None
+        except ValueError:
+            return None
+
+    def machine_type(self) -> str | None:
+        """The DMI product name (what GFD labels gpu.machine); None without one."""
+        return self._read(self.root / "class/dmi/id/product_name")
+
+    def nvidia_configs(self) -> list[bytes] | None:
+        """The configuration space of every NVIDIA PCI function (vendor 0x10de); None when
+        one cannot be read at all. Unprivileged readers get only its first 64 bytes."""
+        out: list[bytes] = []
+        base = self.root / "bus/pci/devices"
+        for addr in sorted(self._names(base)):
+            if self._read(base / addr / "vendor") != NVIDIA_VENDOR:
+                continue
+            try:
+                out.append((base / addr / "config").read_bytes())
+            except OSError:
+                return None
+        return out
 
     def nic_reading(self, ifname: str, rdma: str | None, port: int = 1) -> NicReading:
         """Blocking: the degraded-device signals of one NIC (docs/degraded.md); a file

@@ -16,7 +16,7 @@ from agents.core.pci import is_pci_address
 from agents.errors import ConfigError
 from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
-from agents.sim import signal_fields
+from agents.sim import fabric_fields, signal_fields
 from agents.sim.checks import check_node
 from agents.sim.fields import Fields, MappingValue
 from agents.sim.specs import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, GpuSpec, NicSpec, NodeSpec
@@ -47,7 +47,7 @@ def parse_node(text: str, source: str) -> NodeSpec:
     f = Fields(source)
     if doc is None:  # also what a reader sees while a writer has just truncated the file
         f.fail("<document>", "a node: a mapping of numaNodes, gpus, nics (the file is empty)")
-    top = f.mapping(doc, "", {"numaNodes", "nvswitch", "gpus", "nics"})
+    top = f.mapping(doc, "", {"numaNodes", "nvswitch", "machine", "gpus", "nics"})
     gpu_docs = f.items(top, "", "gpus")
     nic_docs = f.items(top, "", "nics")
     gpus = tuple(_gpu(f, m, f"gpus[{i}]", i) for i, m in enumerate(gpu_docs))
@@ -55,7 +55,8 @@ def parse_node(text: str, source: str) -> NodeSpec:
     devices: list[GpuSpec | NicSpec] = [*gpus, *nics]
     numas = [d.numa for d in devices if d.numa is not None]
     numa_nodes = f.integer(top, "", "numaNodes", max(numas, default=0) + 1, minimum=0)
-    node = NodeSpec(numa_nodes, gpus, nics, f.boolean(top, "", "nvswitch", False))
+    machine = f.optional_string(top, "", "machine", r"[^\x00\n]{1,255}", "a DMI product name")
+    node = NodeSpec(numa_nodes, gpus, nics, f.boolean(top, "", "nvswitch", False), machine)
     check_node(f, node)
     return node
 
@@ -64,7 +65,7 @@ _GPU_KEYS = {
     *("uuid", "pci", "upstream", "numa", "model", "memoryMiB", "minor"),
     *("nvlinks", "mig", "xids", "lost", "nvml"),
     *("pcie", "utilization", "nvlinksDown", "clockEvents", "remappedRows"),
-    "retiredPagesPending",
+    *("retiredPagesPending", "computeCapability", "fabric"),
 }
 
 
@@ -96,6 +97,10 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
         remap_pending=remap[0],
         remap_failed=remap[1],
         retired_pages_pending=f.boolean(m, path, "retiredPagesPending", False),
+        compute_capability=f.optional_string(
+            m, path, "computeCapability", r"\d+\.\d+", 'a quoted CUDA compute capability, "9.0"'
+        ),
+        fabric=fabric_fields.fabric(f, m, path),
     )
 
 

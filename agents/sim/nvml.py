@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.core.mig import gi_profile
 from agents.core.pci import nvml_bus_id
@@ -43,6 +44,7 @@ MODELS = (
     ("H100", "Hopper", "9.0", 16),
     ("H200", "Hopper", "9.0", 16),
     ("B200", "Blackwell", "10.0", 20),
+    ("B300", "Blackwell", "10.3", 20),
     ("L40S", "Ada Lovelace", "8.9", 0),
     ("T4", "Turing", "7.5", 0),
 )
@@ -136,6 +138,21 @@ class SimNvml:
         if gpu.nvml_error is not None:
             raise BackendError(f"NVML probe of {uuid}: {gpu.nvml_error}")
         return reading(gpu, len(_links(gpu, self._node)))
+
+    def fabric(self, uuid: str) -> Fabric | None:
+        """The node file's `fabric` of the GPU (agents.hw.nvml.GpuFabrics)."""
+        self._require_init()
+        gpu = self._node.gpu(uuid)
+        if gpu is not None and gpu.nvml_hang_s:
+            _hang(gpu)
+            gpu = self._node.gpu(uuid)
+        if gpu is None:
+            raise BackendError(f"NVML: no GPU with UUID {uuid}")
+        if gpu.lost or gpu.nvml_error == "GpuIsLost":
+            raise BackendError(f"NVML fabric info of {uuid}: GPU is lost")
+        if gpu.nvml_error not in (None, _ANSWERED):
+            raise BackendError(f"NVML fabric info of {uuid}: {gpu.nvml_error}")
+        return None if gpu.nvml_error == _ANSWERED else gpu.fabric
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """XIDs appended since the last call; returns early whenever the node changed."""
@@ -232,13 +249,20 @@ def _info(index: int, gpu: GpuSpec, node: NodeSpec) -> GpuInfo:
         memory_mib=gpu.memory_mib,
         minor=gpu.minor,
         mig_enabled=gpu.mig_enabled,
+        mig_capable=mig_capable(gpu),
         mig_instances=placed(gpu) if gpu.mig_enabled else (),
         nvlink_peers=peers,
         nvswitch_links=switch_links,
         brand=BRAND,
         architecture=architecture,
-        compute_capability=capability,
+        compute_capability=gpu.compute_capability or capability,
     )
+
+
+def mig_capable(gpu: GpuSpec) -> bool:
+    """NVML answers a MIG mode for the models that have MIG (and for any GPU the file
+    puts in MIG mode)."""
+    return gpu.mig_enabled or model(gpu.model)[3] > 0
 
 
 def model(name: str) -> tuple[str, str, str, int]:
@@ -267,6 +291,8 @@ def placed(gpu: GpuSpec) -> tuple[MigInstance, ...]:
             jpeg_engines=jpeg,
             ofa_engines=ofa,
             memory_mib=gpu.memory_mib * size // 8,
+            gi_slices=slices,
+            ci_slices=slices,
         )
         out.append(
             dataclasses.replace(

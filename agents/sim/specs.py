@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from agents.core.gfd_facts import Fabric
 from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
 from agents.sim.signal_fields import PcieSpec
@@ -38,6 +39,8 @@ class GpuSpec:
     remap_pending: bool = False
     remap_failed: bool = False
     retired_pages_pending: bool = False
+    compute_capability: str | None = None  # None: as NVML answers for the model
+    fabric: Fabric | None = None  # None: NVML answers NotSupported (no NVLink fabric)
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class NodeSpec:
     gpus: tuple[GpuSpec, ...] = ()
     nics: tuple[NicSpec, ...] = ()
     nvswitch: bool = False  # the GPUs' NVLinks end at NVSwitches (HGX/DGX)
+    machine: str | None = None  # DMI product name; None: no /sys/class/dmi/id/product_name
 
     @property
     def devices(self) -> tuple[GpuSpec | NicSpec, ...]:

@@ -67,7 +67,7 @@ class SysfsTree:
             (n.pci, n.netdev, n.rdma, n.uverbs, n.link, n.link_layer, *_signals(n))
             for n in node.nics
         )
-        return (_functions(node), nics, frozenset(self.dev.wanted(node)))
+        return (_functions(node), nics, frozenset(self.dev.wanted(node)), node.machine)
 
     def _build(self, node: NodeSpec) -> None:
         files = _Files(str(self._staging), fresh=not self.sys.exists())
@@ -86,6 +86,17 @@ class SysfsTree:
             self._prune_class_links(node)
         self.dev.apply(node)
         self._write_mig_access(files, node)
+        self._write_dmi(files, node.machine)
+
+    def _write_dmi(self, files: _Files, machine: str | None) -> None:
+        """The DMI product name a node file gives (`machine`); none: no such file."""
+        path = f"{self.sys}/class/dmi/id/product_name"
+        if machine is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        files.mkdir(path.rpartition("/")[0])
+        files.write(path, machine)
 
     def _write_mig_access(self, files: _Files, node: NodeSpec) -> None:
         """The driver's MIG access files under root/proc, as NVML's instances name them."""
@@ -124,6 +135,8 @@ class SysfsTree:
         files.write(f"{path}/vendor", fn.vendor)
         files.write(f"{path}/device", fn.device)
         files.write(f"{path}/class", fn.pci_class)
+        if fn.vendor == GPU_VENDOR:
+            files.write_bytes(f"{path}/config", gpu_config(fn))
         files.write(f"{path}/numa_node", str(-1 if fn.numa is None else fn.numa))
         files.link(f"{self.sys}/bus/pci/devices/{addr}", path)
 
@@ -225,7 +238,9 @@ class _Files:
         self._dirs.add(path)
 
     def write(self, path: str, text: str) -> None:
-        data = (text + "\n").encode()
+        self.write_bytes(path, (text + "\n").encode())
+
+    def write_bytes(self, path: str, data: bytes) -> None:
         if self.fresh:
             _write_file(path, data)
             return
@@ -272,6 +287,16 @@ def _read_file(path: str) -> bytes:
         return os.read(fd, _MAX_FILE)
     finally:
         os.close(fd)
+
+
+def gpu_config(fn: _Function) -> bytes:
+    """A GPU's PCI configuration space as root reads it: its IDs and class, and no
+    capability list (a GPU that is no vGPU)."""
+    config = bytearray(256)
+    config[0:2] = int(fn.vendor, 16).to_bytes(2, "little")
+    config[2:4] = int(fn.device, 16).to_bytes(2, "little")
+    config[9:12] = int(fn.pci_class, 16).to_bytes(3, "little")
+    return bytes(config)
 
 
 def _functions(node: NodeSpec) -> dict[str, _Function]:

@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 
+from agents.core.gfd_facts import Fabric
 from agents.hw.nvml import ARCHITECTURES
-from agents.sim.nvml import model, placed, reading
+from agents.sim.nvml import mig_capable, model, placed, reading
 from agents.sim.specs import GpuSpec, NodeSpec
 from tests.nvml.state import (
     ERRORS,
@@ -32,6 +33,7 @@ _NO_ROW_REMAPPING = ("Turing",)  # row remapping came with Ampere, and replaced 
 # retirement: NVML answers NOT_SUPPORTED for pages pending retirement from Ampere on (an
 # H200 on driver 580 does so)
 _TOP_KEYS = {"driver", "nvml", "cuda", "model", "nvswitchLinks", "rootComplexes", "gpus"}
+_OPTIONAL_TOP_KEYS = {"fabric"}  # {clusterUuid, cliqueId}: every GPU registered with it
 _GPU_KEYS = {"bus", "root", "uuid", "serial"}
 _MIG = ("none", "capable", "enabled")
 
@@ -54,7 +56,7 @@ def load_profile(path: Path) -> NvmlNode:
     mode, root complexes and NUMA nodes, and NVSwitch fabric (every NVLink of a GPU to
     a switch where the description has them; none otherwise). ProfileError, naming the
     file and the key, for a description that does not hold."""
-    doc = _mapping(yaml.safe_load(path.read_text()), _TOP_KEYS, path, "")
+    doc = _mapping(yaml.safe_load(path.read_text()), _TOP_KEYS, path, "", _OPTIONAL_TOP_KEYS)
     spec = _mapping(doc["model"], _MODEL_KEYS, path, "model.", _OPTIONAL_MODEL_KEYS)
     roots = {str(r): int(numa) for r, numa in dict(doc["rootComplexes"]).items()}
     links = [(NVLINK_SWITCH, NVSWITCH_BUS_ID)] * int(doc["nvswitchLinks"])
@@ -65,6 +67,7 @@ def load_profile(path: Path) -> NvmlNode:
             raise ProfileError(f"{path}: gpus[{index}].root: {gpu['root']} is not in rootComplexes")
         gpus.append(_gpu(spec, gpu, index, links, f"{path}: "))
         gpus[-1].bridge, gpus[-1].bridge_numa = str(gpu["root"]), roots[str(gpu["root"])]
+        gpus[-1].fabric = _profile_fabric(doc.get("fabric"), path)
     major, minor = str(doc["cuda"]).split(".")
     return NvmlNode(
         gpus=gpus,
@@ -99,6 +102,14 @@ def _gpu(
         links=list(links),
         signals=_profile_signals(spec, at),
     )
+
+
+def _profile_fabric(value: object, path: Path) -> Fabric | None:
+    """The fabric every GPU of the profile registered with, completed and successful."""
+    if value is None:
+        return None
+    fabric = _mapping(value, {"clusterUuid", "cliqueId"}, path, "fabric.")
+    return Fabric(str(fabric["clusterUuid"]), int(fabric["cliqueId"]), state=3, status=0)
 
 
 def _profile_signals(spec: dict[str, Any], at: str) -> Signals:
@@ -159,7 +170,7 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
     else:
         links = [(NVLINK_GPU, nvml_bus_id(by_uuid[p].pci)) for p in spec.nvlinks if p in by_uuid]
     _, architecture, capability, _ = model(spec.model)
-    major, minor = capability.split(".")
+    major, minor = (spec.compute_capability or capability).split(".")
     return Gpu(
         uuid=spec.uuid,
         name=spec.model,
@@ -170,12 +181,13 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
         minor=spec.minor,
         numa=-1 if spec.numa is None else spec.numa,
         bridge_numa=-1 if spec.numa is None else spec.numa,
-        mig_capable=spec.mig_enabled or "A100" in spec.model or "H100" in spec.model,
+        mig_capable=mig_capable(spec),
         lost=spec.lost,
         error=ERRORS.get(spec.nvml_error, 999) if spec.nvml_error else 0,
         hang_ms=int(spec.nvml_hang_s * 1000),
         links=links,
         signals=_sim_signals(spec, len(links)),
+        fabric=spec.fabric,
     )
 
 

@@ -8,6 +8,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agents.core.gfd_facts import Fabric
 from tests.nvml import mig as migs
 
 # nvml.h's values.
@@ -90,6 +91,7 @@ class Gpu:
     fails: dict[str, int] = field(default_factory=dict)  # call name ("*": any) -> code
     removed: bool = False  # taken off the node: NVML no longer lists it
     signals: Signals = field(default_factory=Signals)
+    fabric: Fabric | None = None  # None: the fabric calls answer NOT_SUPPORTED
 
 
 @dataclass
@@ -218,6 +220,8 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
             **_signal_fields(gpu.signals),
         )
     ]
+    if gpu.fabric is not None:
+        out.append(_fabric_record(index, gpu.fabric))
     first_down = len(gpu.links) - gpu.signals.links_down
     for link, (kind, bus) in enumerate(gpu.links):
         down = int(link >= first_down)
@@ -246,6 +250,17 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
     for call, code in gpu.fails.items():
         out.append(_record("fail", gpu=index, call=call, code=code))
     return out
+
+
+def _fabric_record(index: int, fabric: Fabric) -> str:
+    return _record(
+        "fabric",
+        gpu=index,
+        cluster=uuidlib.UUID(fabric.cluster_uuid).hex,
+        clique=fabric.clique_id,
+        state=fabric.state,
+        status=fabric.status,
+    )
 
 
 def _signal_fields(s: Signals) -> dict[str, object]:

@@ -53,6 +53,13 @@ struct link {
     char bus[TEXT];
 };
 
+/* fabric.c: the NVLink fabric the GPU registered with; present=0: NOT_SUPPORTED. */
+struct fabric {
+    int present;
+    unsigned char cluster[NVML_GPU_FABRIC_UUID_LEN];
+    unsigned clique, state, status, health;
+};
+
 struct gpu {
     char uuid[TEXT], name[TEXT], serial[TEXT], bus[TEXT], bridge[TEXT];
     unsigned pci_device_id, minor, arch, cc, mig_capable, mig, ecc, lost, error, hang_ms;
@@ -63,6 +70,7 @@ struct gpu {
     unsigned utilization, remap, remap_corr, remap_unc, remap_pending, remap_failed;
     unsigned retired, retired_pending, recovery_offered, recovery;
     unsigned long long clock_events;
+    struct fabric fabric;
     struct link links[MAX_LINKS];
     struct mig migs[MAX_MIGS];
     struct gip gips[NVML_GPU_INSTANCE_PROFILE_COUNT];

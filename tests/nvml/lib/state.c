@@ -14,6 +14,10 @@
  *           remap_pending= remap_failed= retired= retired_pending= recovery_offered= recovery=
  *                                                 (what signals.c answers)
  *   link    gpu= link= type= bus= down=           (an active NVLink; down=1: inactive now)
+ *   fabric  gpu= cluster= clique= state= status= health=
+ *                                                 (the NVLink fabric it registered with:
+ *                                                  cluster UUID as 32 hex digits; none:
+ *                                                  the fabric calls answer NOT_SUPPORTED)
  *   gip     gpu= profile= id= slices= instances= memory_mib= sm=
  *                                                 (a GPU instance profile the GPU offers,
  *                                                  by its NVML_GPU_INSTANCE_PROFILE_* index)
@@ -105,6 +109,21 @@ static void parse_gpu(struct state *s, char **f, int n)
         s->count = i + 1;
 }
 
+static void parse_fabric(struct fabric *fab, char **f, int n)
+{
+    const char *hex = field(f, n, "cluster");
+    fab->present = 1;
+    for (unsigned b = 0; hex && b < NVML_GPU_FABRIC_UUID_LEN && hex[2 * b] && hex[2 * b + 1];
+         b++) {
+        char pair[3] = {hex[2 * b], hex[2 * b + 1], 0};
+        fab->cluster[b] = (unsigned char)strtoul(pair, NULL, 16);
+    }
+    fab->clique = (unsigned)number(f, n, "clique", 0);
+    fab->state = (unsigned)number(f, n, "state", NVML_GPU_FABRIC_STATE_COMPLETED);
+    fab->status = (unsigned)number(f, n, "status", NVML_SUCCESS);
+    fab->health = (unsigned)number(f, n, "health", 0);
+}
+
 static void parse_line(struct state *s, char *line)
 {
     char *fields[64];
@@ -132,6 +151,8 @@ static void parse_line(struct state *s, char *line)
             k->type = (unsigned)number(fields, n, "type", NVML_NVLINK_DEVICE_TYPE_GPU);
             copy(k->bus, fields, n, "bus");
         }
+    } else if (strcmp(kind, "fabric") == 0 && gpu < MAX_GPUS) {
+        parse_fabric(&s->gpus[gpu].fabric, fields, n);
     } else if (strcmp(kind, "mig") == 0 && gpu < MAX_GPUS) {
         unsigned slot = (unsigned)number(fields, n, "slot", MAX_MIGS);
         if (slot < MAX_MIGS) {
