@@ -40,6 +40,8 @@ class Gpu:
     brand: str = ""  # as NVML names it: "Nvidia"; "" unknown
     architecture: str = ""  # "Hopper"
     compute_capability: str = ""  # "9.0"
+    mig_capable: bool = False
+    pci_class: int | None = None  # from sysfs: 0x030200 a 3D controller; None unknown
 
 
 def discover(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
@@ -88,6 +90,8 @@ def _gpu(info: GpuInfo, by_bus: dict[str, str], sysfs: Sysfs) -> Gpu:
         brand=info.brand,
         architecture=info.architecture,
         compute_capability=info.compute_capability,
+        mig_capable=info.mig_capable,
+        pci_class=sysfs.pci_class(pci) if pci else None,
     )
 
 

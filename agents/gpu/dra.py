@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from agents.core.gfd_facts import Fabric
+from agents.core.health import OURS
 from agents.gpu.discovery import DriverVersions, Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
@@ -14,6 +16,8 @@ from agents.kernel.facts import AttributeValue, DeviceFacts, Version, pci_attrib
 DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"
 MIG_TYPE = "mig"
+CLUSTER_UUID = f"{OURS}/clusterUUID"
+CLIQUE_ID = f"{OURS}/cliqueID"
 _BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
@@ -61,10 +65,15 @@ def gpu_attributes(gpu: Gpu, driver: DriverVersions) -> dict[str, AttributeValue
     return attributes
 
 
-def whole_gpu(gpu: Gpu, resource: str, driver: DriverVersions) -> DeviceFacts:
+def whole_gpu(
+    gpu: Gpu, resource: str, driver: DriverVersions, fabric: Fabric | None = None
+) -> DeviceFacts:
     capacity = {"memory": binary_quantity(gpu.memory_mib * 2**20)} if gpu.memory_mib else {}
     attributes: dict[str, AttributeValue] = {"type": GPU_TYPE, "uuid": gpu.uuid}
     attributes.update(gpu_attributes(gpu, driver))
+    if fabric is not None and fabric.attached:  # its NVLink domain, for claims to match
+        attributes[CLUSTER_UUID] = fabric.cluster_uuid
+        attributes[CLIQUE_ID] = str(fabric.clique_id)
     return DeviceFacts(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
 
 
@@ -98,10 +107,14 @@ def mig_device(gpu: Gpu, mig: MigInstance, resource: str, driver: DriverVersions
 
 
 def devices(
-    gpus: Iterable[Gpu], served: Iterable[tuple[str, Unit]], driver: DriverVersions
+    gpus: Iterable[Gpu],
+    served: Iterable[tuple[str, Unit]],
+    driver: DriverVersions,
+    fabrics: Mapping[str, Fabric | None] | None = None,
 ) -> tuple[DeviceFacts, ...]:
     """The device of each served unit (resource name, unit): a whole GPU, or a MIG
-    instance; a replica's GPU or instance once, under the first resource that serves it."""
+    instance; a replica's GPU or instance once, under the first resource that serves it.
+    A whole GPU attached to an NVLink fabric carries its cluster UUID and clique ID."""
     by_uuid: Mapping[str, Gpu] = {g.uuid: g for g in gpus}
     out: dict[str, DeviceFacts] = {}
     for resource, unit in served:
@@ -109,7 +122,8 @@ def devices(
         if gpu is None or unit.visible_id in out:
             continue
         if unit.visible_id == gpu.uuid:
-            out[unit.visible_id] = whole_gpu(gpu, resource, driver)
+            fabric = (fabrics or {}).get(gpu.uuid)
+            out[unit.visible_id] = whole_gpu(gpu, resource, driver, fabric)
             continue
         mig = next((m for m in gpu.mig if m.uuid == unit.visible_id), None)
         if mig is not None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 import structlog
 
 from agents.config import Config
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.core.health import Cause, DeviceHealth, GpuLost, Grade, NvmlError, NvmlHung
 from agents.core.ledger import PairingSide
@@ -21,6 +22,7 @@ from agents.family import Family, HealthSink, Located
 from agents.gpu import dra
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.found import GpusFound
+from agents.gpu.gfd import GfdLabels, keep_fabrics
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
@@ -88,6 +90,8 @@ class GpuFamily:
             clock,
         )
         self._lost: set[str] = set()  # lost at the last probe: judged afresh when back
+        self._gfd = GfdLabels(config, found.driver, found.machine, found.vgpus)
+        self._fabrics = dict(found.fabrics)  # GPU UUID -> its NVLink fabric, kept current
         self._kick = asyncio.Event()  # probe now: the event wait returned early
 
     def _build(
@@ -144,7 +148,9 @@ class GpuFamily:
             labels["gpu.memory"] = str(self.gpus[0].memory_mib)
             mig = any(g.mig_enabled or g.mig for g in self.gpus)
             labels["gpu.mig.capable"] = str(mig).lower()
-        return labels
+        # GFD counts the GPUs NVML answers for: not one lost or taken off the node.
+        present = [g for g in self.gpus if g.uuid not in self._gone | self._lost]
+        return labels | self._gfd.labels(present, self._fabrics)
 
     def healthy_count(self) -> int:
         """Physical GPUs that are present and healthy."""
@@ -180,7 +186,7 @@ class GpuFamily:
             for u in r.plan.units
             if u.gpu_uuid not in self._gone
         ]
-        found = dra.devices(self.gpus, served, self._driver)
+        found = dra.devices(self.gpus, served, self._driver, self._fabrics)
         return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
@@ -208,6 +214,8 @@ class GpuFamily:
                     loops.create_task(self._events())
                     if self._signals.active:
                         loops.create_task(self._read_signals())
+                    fabrics = keep_fabrics(self._nvml, self._fabrics, self._signal_s, self._fabric)
+                    loops.create_task(fabrics)
         finally:
             await self.close()
 
@@ -272,6 +280,12 @@ class GpuFamily:
             self._gauge(readings)
             self._publish(self._clock())
             await asyncio.sleep(max(0.0, self._signal_s - (self._clock() - began)))
+
+    def _fabric(self, fabrics: dict[str, Fabric | None]) -> None:
+        """A fabric changed: labels and DRA attributes say so, device lists stay."""
+        self._fabrics = fabrics
+        for resource in self._resources:
+            resource.inventory.touch()
 
     def _gauge(self, readings: Mapping[str, GpuReading]) -> None:
         """A round's readings, to the always-on gauges: each GPU's under every resource

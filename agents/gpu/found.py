@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agents.core.gfd_facts import Fabric, VgpuHost
 from agents.gpu.discovery import DriverVersions, Gpu
 from agents.gpu.plan import ResourcePlan
 
@@ -20,3 +21,7 @@ class GpusFound:
     dev_root: str  # "" on a real node
     held: bool
     driver: DriverVersions = field(default_factory=DriverVersions)  # its versions; "" unknown
+    # What GFD's labels are read from besides NVML's GPUs (agents/gpu/gfd.py).
+    machine: str | None = None  # DMI product name; None: unreadable
+    vgpus: tuple[VgpuHost, ...] | None = None  # None: PCI config space unreadable
+    fabrics: dict[str, Fabric | None] = field(default_factory=dict)  # by GPU UUID

@@ -17,6 +17,7 @@ from agents.family import Context
 from agents.gpu.discovery import DriverVersions, Gpu, discover
 from agents.gpu.family import GpuFamily
 from agents.gpu.found import GpusFound
+from agents.gpu.gfd import read_fabrics, vgpus
 from agents.gpu.plan import plan_resources
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
@@ -47,11 +48,24 @@ def discover_gpus(
         plans = plan_resources(gpus, config, source)
         flags = config.flags
         caps = _mig_caps(gpus, root) if flags.mig_strategy != "none" else {}
+        fabrics = waited(
+            lambda: read_fabrics(nvml, [g.uuid for g in gpus]), START_WAIT_S, "fabric info"
+        )
     except BaseException:
         give_back(nvml)
         raise
     log.info("gpus_discovered", count=len(gpus), resources=[p.name for p in plans])
-    return GpusFound(tuple(gpus), tuple(plans), caps, root, held=True, driver=driver)
+    return GpusFound(
+        tuple(gpus),
+        tuple(plans),
+        caps,
+        root,
+        held=True,
+        driver=driver,
+        machine=sysfs.machine_type(),
+        vgpus=vgpus(sysfs),
+        fabrics=fabrics,
+    )
 
 
 def _driver(nvml: Nvml) -> DriverVersions:

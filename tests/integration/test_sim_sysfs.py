@@ -169,7 +169,7 @@ def _snapshot(root: Path) -> dict[str, tuple[str, str]]:
         elif stat.S_ISCHR(mode):
             out[rel] = ("dev", "")
         else:
-            out[rel] = ("file", path.read_text())
+            out[rel] = ("file", path.read_bytes().decode("latin-1"))  # config spaces are binary
     return out
 
 
