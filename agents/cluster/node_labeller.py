@@ -1,9 +1,10 @@
-"""`--label-node`: the fabric's labels patched onto the agent's own Node, and only those.
-Runs in its own task: an API server slow or down delays the labels, nothing else."""
+"""`--label-node`: the labels the agent owns patched onto its own Node, and only those: the
+fabric's and GFD's `nvidia.com/` ones. Runs in its own task: an API server slow or down
+delays the labels, nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import structlog
 
@@ -19,15 +20,26 @@ FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
 
 
-def label_patch(wanted: Mapping[str, str]) -> dict[str, object]:
-    """A JSON merge patch setting the fabric labels in `wanted` and removing (null) every
-    other fabric label: one left by an earlier run, or by another labelKeys setting."""
-    labels: dict[str, str | None] = {key: wanted.get(key) for key in ALL_KEYS}
+GFD_PREFIX = "nvidia.com/"  # GFD's labels (agents/core/gfd_labels.py)
+
+
+def owned(key: str) -> bool:
+    """A label this agent writes: the fabric's, or one of GFD's."""
+    return key in ALL_KEYS or key.startswith(GFD_PREFIX)
+
+
+def label_patch(wanted: Mapping[str, str], earlier: Iterable[str] = ()) -> dict[str, object]:
+    """A JSON merge patch setting the labels in `wanted` and removing (null) every other
+    fabric label (one left by an earlier run, or by another labelKeys setting) and every
+    label of `earlier` (what this agent patched before) no longer wanted: a MIG profile
+    gone, a clique that no longer agrees."""
+    labels: dict[str, str | None] = {key: None for key in (*ALL_KEYS, *earlier)}
+    labels.update(wanted)
     return {"metadata": {"labels": labels}}
 
 
 class NodeLabeller:
-    """One per agent; owns its client. `run` keeps the Node's fabric labels true."""
+    """One per agent; owns its client. `run` keeps the Node's labels of ours true."""
 
     def __init__(
         self,
@@ -51,7 +63,7 @@ class NodeLabeller:
         delay = self._first_retry_s
         while True:
             versions = [i.version for i in inventories]
-            wanted = {k: v for k, v in labels().items() if k in ALL_KEYS}
+            wanted = {k: v for k, v in labels().items() if owned(k)}
             retry_in: float | None = None
             if wanted != self.patched:
                 if await self._patch(wanted):
@@ -64,7 +76,8 @@ class NodeLabeller:
     async def _patch(self, wanted: dict[str, str]) -> bool:
         path = f"/api/v1/nodes/{self.node}"
         try:
-            await self._client.request("PATCH", path, label_patch(wanted), MERGE)
+            patch = label_patch(wanted, self.patched or ())
+            await self._client.request("PATCH", path, patch, MERGE)
         except (ApiError, UnreachableError) as exc:
             if not self._failing:  # one line per outage, not per retry
                 log.warning(

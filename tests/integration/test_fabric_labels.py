@@ -150,9 +150,11 @@ async def test_dra_slices_and_the_node_labels_carry_the_leaves_and_follow_edits(
     assert leaf("nic-0000-19-00-0") == ("leaf-a", "Ethernet1/1")  # ens1np0
     assert leaf("nic-0000-99-00-0") == ("leaf-b", "Ethernet1/1")  # ens5np0
     await dra_node.wait(lambda: node_label() == "leaf-a.leaf-b")
-    # Only the fabric's keys: our other keys unset, none of the Node's touched.
+    # Only the fabric's keys and GFD's: our other keys unset, none of the Node's touched.
     [(_, first)] = store.label_patches[:1]
-    assert set(first) == {LEAF_GROUP, SPINE, TIER_0, TIER_1}
+    gfd = {key for key in first if key.startswith("nvidia.com/")}
+    assert "nvidia.com/gpu.count" in gfd
+    assert set(first) - gfd == {LEAF_GROUP, SPINE, TIER_0, TIER_1}
     assert first[SPINE] is None and first[TIER_0] is None
 
     edit_node(rename_leaf("leaf-b", "leaf-c"))
