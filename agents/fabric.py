@@ -22,6 +22,8 @@ KUEUE_API = "kueue.x-k8s.io/v1beta2"
 VOLCANO_API = "topology.volcano.sh/v1alpha1"
 TOPOLOGY_NAME = "node-agents-fabric"
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # an object name (DNS subdomain)
+# Volcano checks a HyperNode member's exactMatch name as a qualified name: at most 63.
+_NAME_MAX = 63
 
 
 @dataclass(frozen=True)
@@ -119,12 +121,14 @@ def _hypernode(name: str, tier: int, members: list[dict[str, Any]]) -> dict[str,
 
 
 def object_name(kind: str, value: str) -> str:
-    """`kind-value` as an object name; a value that makes none (capitals, `_`) is cut to
-    what does and given a hash of itself, so that two values never share a name."""
+    """`kind-value` as an object name; a value that makes none (capitals, `_`, over 63
+    characters) is cut to what does and given a hash of itself, so that two values never
+    share a name."""
     name = f"{kind}-{value}"
-    if _NAME.fullmatch(name):
+    if len(name) <= _NAME_MAX and _NAME.fullmatch(name):
         return name
     cut = re.sub(r"[^a-z0-9.-]+", "-", value.lower()).strip("-.")
+    cut = cut[: _NAME_MAX - len(kind) - 10].rstrip("-.")  # room for the dashes and the hash
     return f"{kind}-{cut}-{fnv1a64(value.encode()) & 0xFFFFFFFF:08x}"
 
 
