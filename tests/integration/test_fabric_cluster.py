@@ -1,6 +1,6 @@
 """The fabric and the API server: `--label-node` patches only the fabric's keys onto the
 Node and waits out an API server that is down; `node-agent fabric` reads the Nodes'
-labels back as a table, a Kueue Topology and Volcano HyperNodes."""
+labels back as a table, a Kueue Topology and Volcano HyperNodes, NVLink domains too."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from agents.cluster.access import Access
 from agents.cluster.client import ApiClient
 from agents.cluster.node_labeller import NodeLabeller
 from agents.core.fabric_place import LEAF_GROUP, SPINE, TIER_0, TIER_1
+from agents.fabric import CLIQUE
 from agents.kernel.catalogue import Inventory
 from tests.conditions import WAIT, async_wait_until
 from tests.standin.apiserver import REFUSE, UP, ApiServer, write_kubeconfig
@@ -85,6 +86,10 @@ async def fabric(kubeconfig: Path, *more: str) -> str:
 
 
 def _fabric(kubeconfig: Path, *more: str) -> str:
+    return _run_fabric(kubeconfig, *more).stdout
+
+
+def _run_fabric(kubeconfig: Path, *more: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     done = subprocess.run(
         [sys.executable, "-m", "agents.cli", "fabric", "--kubeconfig", str(kubeconfig), *more],
@@ -95,7 +100,7 @@ def _fabric(kubeconfig: Path, *more: str) -> str:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return done
 
 
 async def test_fabric_table_counts_nodes_per_spine_and_leaf_group(cluster: Path) -> None:
@@ -154,6 +159,70 @@ async def test_fabric_reads_topographs_keys_where_the_nodes_carry_only_those(
         assert levels == [TIER_1, TIER_0, "kubernetes.io/hostname"]
     finally:
         await server.stop()
+
+
+RACK_1 = "0f3e5a2c-6b1d-4c8e-9a7f-2d4b6c8e0a12.1"
+RACK_2 = "0f3e5a2c-6b1d-4c8e-9a7f-2d4b6c8e0a12.2"
+NVL72 = {  # two GB200 racks: rack 1 under leaf-a, rack 2 across leaf-b and leaf-c
+    **{f"gb-{i}": {LEAF_GROUP: "leaf-a", SPINE: "spine-1", CLIQUE: RACK_1} for i in range(3)},
+    "gb-3": {LEAF_GROUP: "leaf-b", SPINE: "spine-1", CLIQUE: RACK_2},
+    "gb-4": {LEAF_GROUP: "leaf-c", SPINE: "spine-1", CLIQUE: RACK_2},
+    "h100-1": {LEAF_GROUP: "leaf-a", SPINE: "spine-1"},
+}
+
+
+@pytest.fixture
+async def racks(tmp_path: Path) -> AsyncIterator[Path]:
+    server = ApiServer(())
+    for name, labels in NVL72.items():
+        server.store.add_node(name, labels)
+    await server.start()
+    yield write_kubeconfig(tmp_path / "kubeconfig", server.url)
+    await server.stop()
+
+
+async def test_fabric_with_cliques_adds_the_nvlink_domain_to_every_format(racks: Path) -> None:
+    done = await asyncio.to_thread(_run_fabric, racks)
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert rows[:6] == [
+        ["SPINE", "LEAF", "GROUP", "NVLINK", "DOMAIN", "NODES"],
+        ["spine-1", "leaf-a", "-", "1"],
+        ["spine-1", "leaf-a", RACK_1, "3"],
+        ["spine-1", "leaf-b", RACK_2, "1"],
+        ["spine-1", "leaf-c", RACK_2, "1"],
+        ["nodes", "without", "a", "leaf", "group:", "0"],
+    ]
+    topology = yaml.safe_load(await fabric(racks, "--format", "kueue"))
+    levels = [level["nodeLabel"] for level in topology["spec"]["levels"]]
+    assert levels == [SPINE, LEAF_GROUP, CLIQUE, "kubernetes.io/hostname"]
+    docs = {
+        d["metadata"]["name"]: d["spec"]
+        for d in yaml.safe_load_all(await fabric(racks, "--format", "volcano"))
+    }
+    assert docs[f"nvlink-{RACK_1}"]["tier"] == 1
+    assert docs[f"nvlink-{RACK_1}"]["members"][0]["selector"]["labelMatch"]["matchLabels"] == {
+        LEAF_GROUP: "leaf-a",
+        CLIQUE: RACK_1,
+    }
+    leaf_a = docs["leaf-leaf-a"]
+    assert leaf_a["tier"] == 2
+    assert [m["type"] for m in leaf_a["members"]] == ["HyperNode", "Node"]
+    assert docs["spine-spine-1"]["tier"] == 3
+
+
+async def test_fabric_warns_on_stderr_of_a_domain_across_leaf_groups(racks: Path) -> None:
+    for output in ("table", "kueue", "volcano"):
+        done = await asyncio.to_thread(_run_fabric, racks, "--format", output)
+        assert done.stderr.splitlines() == [
+            f"node-agent fabric: NVLink domain {RACK_2} spans leaf groups leaf-b, leaf-c; "
+            "Kueue and Volcano take its nodes under each leaf group for a domain of their own"
+        ], output
+
+
+async def test_fabric_without_cliques_writes_nothing_on_stderr(cluster: Path) -> None:
+    done = await asyncio.to_thread(_run_fabric, cluster, "--format", "volcano")
+    assert done.stderr == ""
+    assert "nvlink-" not in done.stdout
 
 
 def test_fabric_without_api_access_is_a_usage_error(tmp_path: Path) -> None:
