@@ -188,6 +188,7 @@ async def _serve_config(
             leftovers=[other.leftovers(opts) for other in opts.apis if other is not api],
             node_labeller=labeller,
             timing=opts.timing,
+            pod_resources_socket=opts.pod_resources_socket,
         )
 
         def reloads() -> Coroutine[None, None, None]:

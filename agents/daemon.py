@@ -28,11 +28,12 @@ from agents.health_fanout import HealthFanout
 from agents.kernel.handover import Holdings, Together
 from agents.kernel.runtime import Host, Pairs, Runtime, Serve
 from agents.kernel.telemetry import NoTelemetry, Telemetry
-from agents.tasks import Supervisor, cause, off_loop, until
+from agents.tasks import Job, Supervisor, cause, off_loop, until
 from agents.timing import PRODUCTION, Timing
 
 if TYPE_CHECKING:
     from agents.cluster.node_labeller import NodeLabeller
+    from agents.holders import DeviceHolders
     from agents.metrics import Metrics, MetricsServer
 
 log = structlog.get_logger(__name__)
@@ -65,6 +66,8 @@ class Agent:
     # --label-node: the fabric's labels patched onto this node's Node.
     node_labeller: NodeLabeller | None = None
     timing: Timing = PRODUCTION  # the production hold times and probe periods; tests shorten them
+    # With metrics: which pod holds each device, from the kubelet's pod-resources API.
+    pod_resources_socket: Path | None = None
 
     def __post_init__(self) -> None:
         self.families: dict[str, Family] = {}  # by kind name, in the order of `kinds`
@@ -75,17 +78,30 @@ class Agent:
             self.pairing = self.api.pairing()
         self.metrics: Metrics | None = None
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
+        self.holders: DeviceHolders | None = None
         if self.metrics_address is not None:
             from agents.metrics import Metrics, MetricsServer  # prometheus_client: only if asked
 
             self.metrics = Metrics()
             self.telemetry = self.metrics
             self.metrics_server = MetricsServer(self.metrics, self.metrics_address, self.serving)
+            if self.pod_resources_socket is not None:
+                self.holders = self._holders(self.metrics, self.pod_resources_socket)
         changed = None if self.reporter is None else self.reporter.changed
         self.health = HealthFanout(self.telemetry, changed)
         self._supervisor: Supervisor | None = None
         self._reloading = asyncio.Lock()
         self._together: Together | None = None
+
+    def _holders(self, metrics: Metrics, socket: Path) -> DeviceHolders:
+        """node_agent_device_allocated: asked of pod-resources at each scrape, and often."""
+        from agents.holders import DeviceHolders, HoldersCollector
+        from agents.kernel.kubelet_facts import PodResources
+
+        asked = PodResources(socket, effect="no node_agent_device_allocated series")
+        holders = DeviceHolders(asked, self.resources, self.timing.holders_poll_s)
+        metrics.add(HoldersCollector(holders), holders.refresh)
+        return holders
 
     def _held(self) -> Holdings | None:
         """The other APIs' leftovers as one, if any."""
@@ -267,6 +283,15 @@ class Agent:
         """Serve until `stop` is set; any task failing stops the rest and is raised."""
         await until(stop, self.serve)
 
+    def _metrics_tasks(self) -> list[tuple[str, Job]]:
+        """The metrics server and who holds which device, where metrics are on."""
+        tasks: list[tuple[str, Job]] = []
+        if self.metrics_server is not None:
+            tasks.append(("metrics", self.metrics_server.serve))
+        if self.holders is not None:
+            tasks.append(("holders", self.holders.run))
+        return tasks
+
     async def serve(self) -> None:
         """Start if not started, and serve until cancelled."""
         try:
@@ -281,8 +306,8 @@ class Agent:
                 held = self._held()
                 if held is not None:
                     tasks.start("leftovers", held.run)
-                if self.metrics_server is not None:
-                    tasks.start("metrics", self.metrics_server.serve)
+                for name, run in self._metrics_tasks():
+                    tasks.start(name, run)
                 if self.reporter is not None:
                     reporter = self.reporter
                     tasks.start("cluster", lambda: reporter.run(self.device_health))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
@@ -99,9 +99,20 @@ class Metrics:
         self._figures: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._devices = _DeviceCollector(list)
         self.registry.register(self._devices)
+        self._fresh: list[Callable[[], Awaitable[None]]] = []
 
     def watch_resources(self, resources: Callable[[], Iterable[Resource]]) -> None:
         self._devices.resources = resources
+
+    def add(self, collector: Collector, fresh: Callable[[], Awaitable[None]]) -> None:
+        """Collect from `collector` too, after `fresh()` at each scrape (which must keep
+        to its own short wait: the scrape waits for it)."""
+        self.registry.register(collector)
+        self._fresh.append(fresh)
+
+    async def refresh(self) -> None:
+        for fresh in self._fresh:
+            await fresh()
 
     def rpc_done(self, resource: str, method: str, seconds: float, code: str) -> None:
         self.rpc_seconds.labels(resource, method, code).observe(seconds)
@@ -240,7 +251,7 @@ class MetricsServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=READ_TIMEOUT_S)
-            status, body, ctype = self._respond(head)
+            status, body, ctype = await self._respond(head)
             extra = "Allow: GET\r\n" if status.startswith("405") else ""
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}"
@@ -255,17 +266,18 @@ class MetricsServer:
         finally:
             writer.close()
 
-    def _respond(self, head: bytes) -> tuple[str, bytes, str]:
+    async def _respond(self, head: bytes) -> tuple[str, bytes, str]:
         parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             return "400 Bad Request", b"bad request\n", TEXT
         method, target, _ = parts
-        return self._route(method, target.split("?", 1)[0])
+        return await self._route(method, target.split("?", 1)[0])
 
-    def _route(self, method: str, path: str) -> tuple[str, bytes, str]:
+    async def _route(self, method: str, path: str) -> tuple[str, bytes, str]:
         if method != "GET":
             return "405 Method Not Allowed", b"GET only\n", TEXT
         if path == "/metrics":
+            await self._metrics.refresh()
             return "200 OK", self._metrics.exposition(), CONTENT_TYPE
         if path == "/healthz":
             if self._healthy():

@@ -22,6 +22,7 @@ EVENT_WAIT_S = 5.0
 # asked again this often which pods still run: a pod's end is seen within it.
 HELD_CLAIMS_POLL_S = 5.0  # device-plugin mode: which DRA claims' pods still run
 HELD_PODS_POLL_S = 5.0  # DRA mode: which device-plugin pods still hold devices
+HOLDERS_POLL_S = 10.0  # with metrics: which pod holds each device (and at every scrape)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Timing:
     signal_probe_s: float = SIGNAL_PROBE_S  # degraded-device signals read this often
     held_claims_poll_s: float = HELD_CLAIMS_POLL_S
     held_pods_poll_s: float = HELD_PODS_POLL_S
+    holders_poll_s: float = HOLDERS_POLL_S
 
 
 PRODUCTION = Timing()

@@ -77,18 +77,26 @@ class PodResources:
     """A client of the kubelet's v1.PodResourcesLister; None from `list` when it does not
     answer (no socket, an old kubelet, a timeout), which is logged once."""
 
-    def __init__(self, socket: Path | None, *, timeout: float = POD_RESOURCES_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        socket: Path | None,
+        *,
+        timeout: float = POD_RESOURCES_TIMEOUT_S,
+        effect: str = "pod ends are learned late, from the checkpoint and offered devices",
+    ) -> None:
         self.socket = socket
         self._timeout = timeout
+        self._effect = effect  # what its user does without it, said in the one warning
         self._channel: grpc.aio.Channel | None = None
         self._stub: pr_grpc.PodResourcesListerStub | None = None
         self._warned = False
 
     async def list(self) -> Listing | None:
-        answer = await self._answer()
+        answer = await self.answer()
         return None if answer is None else listing_of(answer)
 
-    async def _answer(self) -> pr.ListPodResourcesResponse | None:
+    async def answer(self) -> pr.ListPodResourcesResponse | None:
+        """List's whole answer; None when it does not answer."""
         if self.socket is None:
             self._warn("no pod-resources socket configured")
             return None
@@ -110,7 +118,7 @@ class PodResources:
     async def claims(self) -> set[tuple[str, str]] | None:
         """(namespace, name) of every DRA claim a container the kubelet knows holds;
         None when it does not answer."""
-        answer = await self._answer()
+        answer = await self.answer()
         if answer is None:
             return None
         return {
@@ -127,7 +135,7 @@ class PodResources:
                 "pod_resources_unavailable",
                 socket=str(self.socket),
                 error=why,
-                detail="pod ends are learned late, from the checkpoint and offered devices",
+                detail=self._effect,
             )
 
     async def close(self) -> None:

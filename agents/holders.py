@@ -1,0 +1,116 @@
+"""Which pod and container hold each of the agent's devices, as the kubelet's pod-resources
+API says (docs/observability.md): asked every few seconds and at each scrape, never
+holding a scrape up longer than its wait; no answer means no holders, not old ones."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agents.api import podresources_pb2 as pr
+from agents.kernel.catalogue import Resource
+from agents.kernel.kubelet_facts import PodResources
+
+SCRAPE_WAIT_S = 0.25  # a scrape waits this long for a fresh answer, then takes the last one
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One device held by one container: the labels of node_agent_device_allocated."""
+
+    resource: str
+    device: str  # the ID the kubelet handed out (a replica's `<uuid>::<n>`)
+    physical_device: str  # the device it is served from (a replica's GPU UUID)
+    namespace: str
+    pod: str
+    container: str
+
+
+class DeviceHolders:
+    """The latest answer of pod-resources, as the Holders of our resources' devices."""
+
+    def __init__(
+        self,
+        pod_resources: PodResources,
+        resources: Callable[[], Iterable[Resource]],
+        poll_s: float,
+    ) -> None:
+        self._pod_resources = pod_resources
+        self._resources = resources
+        self._poll_s = poll_s
+        self._asking: asyncio.Task[None] | None = None
+        self.holders: tuple[Holder, ...] = ()
+
+    async def refresh(self, wait_s: float = SCRAPE_WAIT_S) -> None:
+        """Ask pod-resources (one question at a time: a call while one is out waits for
+        that one) and wait up to wait_s for the answer; a late answer lands later."""
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self._ask())
+        await asyncio.wait({self._asking}, timeout=wait_s)  # a timer, not a task
+
+    async def run(self) -> None:
+        """Ask every poll period until cancelled."""
+        try:
+            while True:
+                await self.refresh(self._poll_s)
+                await asyncio.sleep(self._poll_s)
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        asking, self._asking = self._asking, None
+        if asking is not None:
+            asking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asking
+        await self._pod_resources.close()
+
+    async def _ask(self) -> None:
+        answer = await self._pod_resources.answer()
+        self.holders = () if answer is None else holders_of(answer, self._resources())
+
+
+def holders_of(
+    answer: pr.ListPodResourcesResponse, resources: Iterable[Resource]
+) -> tuple[Holder, ...]:
+    """The devices of `resources` that the answer's containers hold; IDs the resource
+    does not list (another plugin's, or one gone since) are left out."""
+    ours = {r.name: (r, {d.id for d in r.inventory.devices}) for r in resources}
+    out: list[Holder] = []
+    for pod in answer.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                resource, listed = ours.get(devices.resource_name, (None, set()))
+                for device in devices.device_ids:
+                    if resource is None or device not in listed:
+                        continue
+                    physical = resource.physical_id(device)
+                    out.append(
+                        Holder(
+                            resource.name, device, physical, pod.namespace, pod.name, container.name
+                        )
+                    )
+    return tuple(dict.fromkeys(out))
+
+
+class HoldersCollector(Collector):
+    """node_agent_device_allocated from the holders' latest answer, at scrape time."""
+
+    def __init__(self, holders: DeviceHolders) -> None:
+        self._holders = holders
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        allocated = GaugeMetricFamily(
+            "node_agent_device_allocated",
+            "1 for each device a container holds, as the kubelet's pod-resources API says",
+            labels=["resource", "device", "physical_device", "namespace", "pod", "container"],
+        )
+        for h in self._holders.holders:
+            labels = [h.resource, h.device, h.physical_device, h.namespace, h.pod, h.container]
+            allocated.add_metric(labels, 1)
+        yield allocated
