@@ -87,6 +87,9 @@ class Agent:
             self.metrics_server = MetricsServer(self.metrics, self.metrics_address, self.serving)
             if self.pod_resources_socket is not None:
                 self.holders = self._holders(self.metrics, self.pod_resources_socket)
+            from agents.label_metric import LabelCollector
+
+            self.metrics.registry.register(LabelCollector(self.labels))
         changed = None if self.reporter is None else self.reporter.changed
         self.health = HealthFanout(self.telemetry, changed)
         self._supervisor: Supervisor | None = None

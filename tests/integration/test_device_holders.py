@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 
 from agents.backends import simulated_backends
 from agents.config import Config, parse_config
+from agents.core.fabric_place import LEAF_GROUP
 from agents.daemon import Agent
 from agents.gpu.plan import GPU_RESOURCE
 from agents.holders import SCRAPE_WAIT_S
@@ -198,3 +199,19 @@ async def test_a_pod_resources_socket_that_does_not_answer_leaves_no_series_and_
                 assert took < POD_RESOURCES_TIMEOUT_S, f"a scrape took {took:.2f}s"
             assert SCRAPE_WAIT_S < POD_RESOURCES_TIMEOUT_S
             assert a.agent.serving()
+
+
+async def test_the_node_labels_the_agent_writes_are_a_metric_the_leaf_group_among_them(
+    plugin_dir: Path, node_file: Path, kubelet: Kubelet
+) -> None:
+    async with agent_on(
+        plugin_dir, node_file, plugin_dir / "none.sock", Config.default(), kubelet
+    ) as a:
+
+        def leaf_group(metrics: dict[str, Metric]) -> set[str]:
+            family = metrics.get("node_agent_node_label")
+            samples = [] if family is None else family.samples
+            return {s.labels["value"] for s in samples if s.labels["name"] == LEAF_GROUP}
+
+        found = await a.metrics_until(leaf_group, "the leaf-group label, heard over LLDP")
+        assert leaf_group(found) == {a.agent.labels()[LEAF_GROUP]}
