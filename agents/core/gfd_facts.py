@@ -47,6 +47,8 @@ class Fabric:
     clique_id: int
     state: int  # NVML_GPU_FABRIC_STATE_*
     status: int  # an nvmlReturn_t: 0 is success
+    # NVML_GPU_FABRIC_HEALTH_MASK_* (agents.core.fabric_health); 0: no health reported
+    health_mask: int = 0
 
     @property
     def attached(self) -> bool:

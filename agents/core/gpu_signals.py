@@ -17,6 +17,8 @@ from agents.core.degraded import (
     SignalVerdict,
     Unknown,
 )
+from agents.core.fabric_health import judge_fabric
+from agents.core.gfd_facts import Fabric
 
 LOADED_PERCENT = 50  # at lower utilization a GPU may lower its PCIe generation to save power
 REPLAY_WINDOW_S = 60.0
@@ -48,6 +50,7 @@ class GpuReading:
     remap_failed: bool | None = None
     retired_pages_pending: bool | None = None
     recovery_action: int | None = None
+    fabric: Fabric | None = None  # the NVLink fabric it registered with; None: none
 
 
 class GpuSignals:
@@ -83,6 +86,7 @@ class GpuSignals:
             self._hw_slowdown,
             _memory,
             _recovery,
+            _nvlink_fabric,
         ):
             verdicts, unknowns = judge(r, now)
             out += verdicts
@@ -175,6 +179,10 @@ def _memory(r: GpuReading, now: float) -> _Judged:
         message = "page retirement pending: a GPU reset applies it"
         out.append(SignalVerdict("retired-pages-pending", "degraded", message))
     return out, unknown
+
+
+def _nvlink_fabric(r: GpuReading, now: float) -> _Judged:
+    return judge_fabric(r.fabric)
 
 
 def _recovery(r: GpuReading, now: float) -> _Judged:

@@ -221,6 +221,7 @@ def test_nothing_offered_is_healthy_and_every_signal_told_unknown_once() -> None
     assert {u.signal for u in first.unknown} == {
         *("pcie-width", "pcie-gen", "pcie-replays", "nvlink-down", "hw-slowdown"),
         *("row-remap-pending", "row-remap-failed", "retired-pages-pending", "recovery-action"),
+        "nvlink-fabric",
     }
     assert all(u.reason == NOT_OFFERED for u in first.unknown)
     assert signals_.observe(GpuReading()).unknown == ()
