@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 
@@ -45,13 +46,15 @@ def vgpus(sysfs: Sysfs) -> tuple[VgpuHost, ...] | None:
 
 
 def read_fabrics(nvml: Nvml, uuids: Iterable[str]) -> dict[str, Fabric | None]:
-    """Blocking. Each GPU's fabric; a GPU whose answer fails has none for now."""
+    """Blocking. Each GPU's fabric; a GPU whose answer fails has none for now. Its health
+    is left out: that is the probe's signal (nvlink-fabric), and changes no label."""
     if not isinstance(nvml, GpuFabrics):
         return {}
     out: dict[str, Fabric | None] = {}
     for uuid in uuids:
         try:
-            out[uuid] = nvml.fabric(uuid)
+            fabric = nvml.fabric(uuid)
+            out[uuid] = None if fabric is None else replace(fabric, health_mask=0)
         except BackendError as exc:
             log.debug("gpu_fabric_unreadable", gpu=uuid, error=str(exc))
             out[uuid] = None

@@ -212,7 +212,8 @@ class GpuReader:
 
 def fabric_info(lib: Any, handle: object) -> Fabric | None:
     """The GPU's fabric through nvmlDeviceGetGpuFabricInfoV, or, on drivers before it,
-    nvmlDeviceGetGpuFabricInfo (the same fields); None where NVML answers NotSupported."""
+    nvmlDeviceGetGpuFabricInfo (the same fields, no health mask); None where NVML answers
+    NotSupported."""
     try:
         info: Any = pynvml.c_nvmlGpuFabricInfo_v2_t()
         try:
@@ -231,6 +232,7 @@ def fabric_info(lib: Any, handle: object) -> Fabric | None:
         clique_id=int(info.cliqueId),
         state=int(info.state),
         status=int(info.status),
+        health_mask=int(getattr(info, "healthMask", 0)),
     )
 
 

@@ -8,9 +8,10 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError
-from agents.hw.nvml_query import ODD_ANSWERS, code
+from agents.hw.nvml_query import ODD_ANSWERS, code, fabric_info
 
 T = TypeVar("T")
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (drivers from R570)
@@ -29,10 +30,13 @@ class SignalReader:
         # and an L40S none: each round cost 18 or 36 refused calls a GPU, each raised and
         # caught in Python.
         self._absent_links: dict[str, frozenset[int]] = {}
+        # GPUs whose fabric info answered NotSupported (no fabric): not asked again.
+        self._no_fabric: set[str] = set()
 
     def forget(self, uuid: str) -> None:
-        """The GPU was reset: ask it about every link again."""
+        """The GPU was reset: ask it about every link, and its fabric, again."""
         self._absent_links.pop(uuid, None)
+        self._no_fabric.discard(uuid)
 
     def reading(self, handle: object, uuid: str) -> GpuReading:
         """Blocking: every signal's query of the GPU `uuid` behind `handle`. BackendError
@@ -63,6 +67,7 @@ class SignalReader:
                 )
             ),
             recovery_action=self._ask(lambda: self._recovery_action(handle)),
+            fabric=self._fabric(handle, uuid),
         )
 
     def _ask(self, call: Callable[[], T]) -> T | None:
@@ -110,6 +115,21 @@ class SignalReader:
         if known is None:
             self._absent_links[uuid] = frozenset(absent)
         return tuple(states[:answered]) if answered else None
+
+    def _fabric(self, handle: object, uuid: str) -> Fabric | None:
+        """The GPU's fabric and its health; None without fabric (then not asked again
+        until forget()) or on an odd answer."""
+        if uuid in self._no_fabric:
+            return None
+        try:
+            fabric = fabric_info(self._lib, handle)
+        except ODD_ANSWERS as exc:
+            if code(exc) in _LOST:
+                raise BackendError(f"NVML probe: {exc}") from exc
+            return None
+        if fabric is None:
+            self._no_fabric.add(uuid)
+        return fabric
 
     def _recovery_action(self, handle: object) -> int | None:
         value = self._lib.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])[0]

@@ -223,6 +223,7 @@ def reading(gpu: GpuSpec, links: int) -> GpuReading:
         remap_failed=gpu.remap_failed if remap else None,
         retired_pages_pending=gpu.retired_pages_pending,
         recovery_action=None,  # driver 550 does not offer the field
+        fabric=gpu.fabric,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.core.fabric_health import HEALTHY_MASK
 from agents.core.gfd_facts import Fabric
 from agents.errors import BackendError
 from agents.hw.nvml import GpuFabrics
@@ -98,5 +99,5 @@ def test_a_lost_gpus_fabric_is_a_backend_error_in_the_simulator() -> None:
     with pytest.raises(BackendError):
         nvml.fabric(GB200.gpus[0].uuid)
     assert nvml.fabric(GB200.gpus[1].uuid) == Fabric(
-        "5a1e2b3c-4d5e-4f60-8172-839405a6b7c8", 1, state=3, status=0
+        "5a1e2b3c-4d5e-4f60-8172-839405a6b7c8", 1, state=3, status=0, health_mask=HEALTHY_MASK
     )

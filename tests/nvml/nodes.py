@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from agents.core.fabric_health import HEALTHY_MASK
 from agents.core.gfd_facts import Fabric
 from agents.hw.nvml import ARCHITECTURES
 from agents.sim.nvml import mig_capable, model, placed, reading
@@ -105,11 +106,14 @@ def _gpu(
 
 
 def _profile_fabric(value: object, path: Path) -> Fabric | None:
-    """The fabric every GPU of the profile registered with, completed and successful."""
+    """The fabric every GPU of the profile registered with, completed, successful and
+    healthy (as NVIDIA's mock NVML answers)."""
     if value is None:
         return None
     fabric = _mapping(value, {"clusterUuid", "cliqueId"}, path, "fabric.")
-    return Fabric(str(fabric["clusterUuid"]), int(fabric["cliqueId"]), state=3, status=0)
+    return Fabric(
+        str(fabric["clusterUuid"]), int(fabric["cliqueId"]), 3, 0, health_mask=HEALTHY_MASK
+    )
 
 
 def _profile_signals(spec: dict[str, Any], at: str) -> Signals:

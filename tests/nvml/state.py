@@ -260,6 +260,7 @@ def _fabric_record(index: int, fabric: Fabric) -> str:
         clique=fabric.clique_id,
         state=fabric.state,
         status=fabric.status,
+        health=fabric.health_mask,
     )
 
 

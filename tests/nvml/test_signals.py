@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.core.gpu_signals import GpuReading
+from agents.core.degraded import Limits
+from agents.core.fabric_health import HEALTHY_MASK
+from agents.core.gfd_facts import Fabric
+from agents.core.gpu_signals import GpuReading, GpuSignals
 from agents.sim.node import load_node
 from agents.sim.nvml import SimNvml
 from tests.nvml.library import nvml_env
@@ -62,7 +65,15 @@ def probe_all(node: NvmlNode, tmp_path: Path, after: NvmlNode | None = None) -> 
 def as_reading(answer: object) -> GpuReading:
     assert isinstance(answer, dict), answer
     nvlinks = answer.pop("nvlinks")
-    return GpuReading(**answer, nvlinks=None if nvlinks is None else tuple(nvlinks))
+    fabric = answer.pop("fabric")
+    return GpuReading(
+        **answer,
+        nvlinks=None if nvlinks is None else tuple(nvlinks),
+        fabric=None if fabric is None else Fabric(**fabric),
+    )
+
+
+H100_CLUSTER = "00000000-0000-0000-0000-000000000001"  # the profiles' (h100.yaml, gb200.yaml)
 
 
 def faulty(gpu: Gpu) -> None:
@@ -93,6 +104,7 @@ def test_every_signal_reads_through_pynvml(tmp_path: Path) -> None:
         remap_failed=False,
         retired_pages_pending=True,
         recovery_action=1,
+        fabric=Fabric(H100_CLUSTER, 0, state=3, status=0, health_mask=HEALTHY_MASK),
     )
     assert readings[uuids[1]].recovery_action == 0
     assert readings[uuids[2]].remap_failed is True
@@ -221,3 +233,62 @@ def test_links_a_gpu_lacks_stay_absent_and_its_own_links_are_read_every_round(
         return
     was, now = first[uuid]["nvlinks"], second[uuid]["nvlinks"]
     assert len(now) == len(was) and sum(now) == sum(was) - 2
+
+
+FABRIC_NODE = """
+gpus:
+  - uuid: GPU-aaaa
+    pci: "0000:1b:00.0"
+    model: NVIDIA GB200
+    fabric: {{clusterUuid: {cluster}, cliqueId: 3, status: {status}, health: {health}}}
+  - {{uuid: GPU-bbbb, pci: "0000:1c:00.0", model: NVIDIA GB200}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("status", "health", "message"),
+    [
+        ("Success", "[]", None),
+        ("Success", "[degradedBandwidth]", "NVLink fabric: degraded bandwidth"),
+        ("Success", "[routeRecovery]", "NVLink fabric: route recovery"),
+        ("Success", "[routeUnhealthy]", "NVLink fabric: route unhealthy"),
+        ("Success", "[accessTimeoutRecovery]", "NVLink fabric: access timeout recovery"),
+        (
+            "Success",
+            "[noPartition]",
+            "NVLink fabric: incorrect configuration (no partition)",
+        ),
+        (
+            "NotReady",
+            "[routeUnhealthy]",
+            "NVLink fabric: registration failed (NVML status NotReady), route unhealthy",
+        ),
+    ],
+    ids=["healthy", "bandwidth", "recovery", "route", "timeout", "config", "registration"],
+)
+def test_the_fabrics_health_reads_alike_through_pynvml_and_the_simulator(
+    status: str, health: str, message: str | None, tmp_path: Path
+) -> None:
+    """The real probe over the test library and the simulated NVML read one node file's
+    fabric alike, and the verdict names the condition; a GPU without fabric reads None."""
+    path = tmp_path / "node.yaml"
+    path.write_text(FABRIC_NODE.format(cluster=H100_CLUSTER, status=status, health=health))
+    spec = load_node(path)
+    sim = SimNvml(spec)
+    sim.init()
+    real = {u: as_reading(a) for u, a in probe_all(from_sim_node(spec), tmp_path).items()}
+    assert real["GPU-aaaa"] == sim.probe("GPU-aaaa")
+    assert real["GPU-bbbb"].fabric is None
+    verdict = GpuSignals(Limits(), lambda: 0.0).observe(real["GPU-aaaa"])
+    fabric = [s for s in verdict.signals if s.signal == "nvlink-fabric"]
+    assert [s.message for s in fabric] == ([message] if message else [])
+
+
+def test_a_driver_without_the_versioned_fabric_call_reports_no_health(tmp_path: Path) -> None:
+    """nvmlDeviceGetGpuFabricInfo (before the V call) has no health mask: never Degraded."""
+    node = from_profile("gb200")
+    node.gpus[0].fails = {"nvmlDeviceGetGpuFabricInfoV": 13}  # FUNCTION_NOT_FOUND
+    reading = as_reading(probe_all(node, tmp_path)[node.gpus[0].uuid])
+    assert reading.fabric == Fabric(H100_CLUSTER, 0, state=3, status=0, health_mask=0)
+    verdict = GpuSignals(Limits(), lambda: 0.0).observe(reading)
+    assert "nvlink-fabric" not in [s.signal for s in verdict.signals]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.core.fabric_health import HEALTHY_MASK
 from agents.core.gfd_facts import Fabric
 from agents.errors import ConfigError
 from agents.hw.sysfs import Sysfs
@@ -25,14 +26,21 @@ def node(gpu_extra: str = "", top: str = "") -> str:
     ("extra", "fabric"),
     [
         ("", None),
-        (f"fabric: {{clusterUuid: {CLUSTER}}}", Fabric(CLUSTER, 0, 3, 0)),
+        (f"fabric: {{clusterUuid: {CLUSTER}}}", Fabric(CLUSTER, 0, 3, 0, HEALTHY_MASK)),
         (
             f"fabric: {{clusterUuid: {CLUSTER.upper()}, cliqueId: 7, state: inProgress, "
             "status: Timeout}",
-            Fabric(CLUSTER, 7, 2, 10),
+            Fabric(CLUSTER, 7, 2, 10, HEALTHY_MASK),
+        ),
+        (
+            f"fabric: {{clusterUuid: {CLUSTER}, "
+            "health: [routeUnhealthy, degradedBandwidth, insufficientNvlinks]}",
+            # bandwidth TRUE (1), route recovery FALSE (2 << 2), route unhealthy TRUE
+            # (1 << 4), access timeout FALSE (2 << 6), insufficient NVLinks (5 << 8)
+            Fabric(CLUSTER, 0, 3, 0, 0x1 | 0x8 | 0x10 | 0x80 | 0x500),
         ),
     ],
-    ids=["none", "defaults-completed-success", "all-given"],
+    ids=["none", "defaults-completed-success", "all-given", "health-at-fault"],
 )
 def test_a_gpus_fabric_is_read_with_nvmls_values(extra: str, fabric: Fabric | None) -> None:
     assert parse_node(node(extra), "n.yaml").gpus[0].fabric == fabric
@@ -45,10 +53,20 @@ def test_a_gpus_fabric_is_read_with_nvmls_values(extra: str, fabric: Fabric | No
         ("fabric: {clusterUuid: not-a-uuid}", "gpus[0].fabric.clusterUuid"),
         (f"fabric: {{clusterUuid: {CLUSTER}, state: done}}", "gpus[0].fabric.state"),
         (f"fabric: {{clusterUuid: {CLUSTER}, cliqueId: -1}}", "gpus[0].fabric.cliqueId"),
-        (f"fabric: {{clusterUuid: {CLUSTER}, health: ok}}", "gpus[0].fabric"),
+        (f"fabric: {{clusterUuid: {CLUSTER}, summary: ok}}", "gpus[0].fabric"),
+        (f"fabric: {{clusterUuid: {CLUSTER}, health: ok}}", "gpus[0].fabric.health"),
+        (f"fabric: {{clusterUuid: {CLUSTER}, health: [slow]}}", "gpus[0].fabric.health[0]"),
+        (
+            f"fabric: {{clusterUuid: {CLUSTER}, health: [noPartition, invalidLocation]}}",
+            "gpus[0].fabric.health",
+        ),
         ("computeCapability: 9", "gpus[0].computeCapability"),
     ],
-    ids=["no-cluster", "bad-uuid", "bad-state", "negative-clique", "unknown-key", "unquoted-cc"],
+    ids=[
+        *("no-cluster", "bad-uuid", "bad-state", "negative-clique", "unknown-key"),
+        *("health-not-a-list", "health-unknown-name", "two-incorrect-configurations"),
+        "unquoted-cc",
+    ],
 )
 def test_a_bad_fabric_or_capability_names_its_key(extra: str, where: str) -> None:
     with pytest.raises(ConfigError, match=where.replace("[", r"\[").replace("]", r"\]")):
