@@ -38,6 +38,7 @@ READINGS = {
     "gpu_row_remap_pending": "Whether a row remap waits for a GPU reset: 1 or 0",
     "gpu_row_remap_failed": "Whether a row remap ever failed (the GPU needs replacing): 1 or 0",
     "gpu_retired_pages_pending": "Whether a page retirement waits for a GPU reset: 1 or 0",
+    "gpu_fabric_health_mask": "NVML's NVLink fabric health mask of the GPU (0: none reported)",
     "nic_link_speed_mbps": "Link speed of the NIC now, in Mb/s (absent while down)",
     "nic_link_speed_expected_mbps": "Link speed the NIC is expected to run at, in Mb/s",
 }

@@ -11,7 +11,8 @@ Readings = dict[str, float | None]
 
 
 def gpu_readings(r: GpuReading) -> Readings:
-    """A GPU's: PCIe link, utilization, replays, NVLinks, slowdown and memory repairs."""
+    """A GPU's: PCIe link, utilization, replays, NVLinks, slowdown, memory repairs and
+    its NVLink fabric's health mask."""
     links = r.nvlinks
     slowdown = None if r.clock_events is None else r.clock_events & sum(CLOCK_EVENTS) != 0
     return {
@@ -27,6 +28,7 @@ def gpu_readings(r: GpuReading) -> Readings:
         "gpu_row_remap_pending": _flag(r.remap_pending),
         "gpu_row_remap_failed": _flag(r.remap_failed),
         "gpu_retired_pages_pending": _flag(r.retired_pages_pending),
+        "gpu_fabric_health_mask": None if r.fabric is None else r.fabric.health_mask,
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.core.device import Device
+from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.core.health import DeviceHealth, Signal, Signals, Xids
 from agents.core.nic_signals import NicReading
@@ -84,6 +85,7 @@ def test_a_gpu_probe_becomes_the_reading_gauges_and_unoffered_ones_are_absent() 
         nvlinks=(True, False, True),
         clock_events=0x40,
         remap_pending=False,
+        fabric=Fabric("5a1e2b3c-4d5e-4f60-8172-839405a6b7c8", 1, 3, 0, health_mask=0x19A),
     )
     metrics.readings("nvidia.com/gpu", "GPU-0", gpu_readings(reading))
     got = {
@@ -106,6 +108,7 @@ def test_a_gpu_probe_becomes_the_reading_gauges_and_unoffered_ones_are_absent() 
         "gpu_row_remap_pending": 0,
         "gpu_row_remap_failed": None,
         "gpu_retired_pages_pending": None,
+        "gpu_fabric_health_mask": 0x19A,  # route unhealthy
     }
     metrics.readings("nvidia.com/gpu", "GPU-0", gpu_readings(GpuReading()))
     assert samples(metrics, "node_agent_gpu_pcie_link_width") == {}
