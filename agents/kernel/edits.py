@@ -16,18 +16,33 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Companions:
+    """Devices a container gets with every allocation of a family's devices, chosen by
+    no one (NVIDIA's IMEX channels): a hook reads their names from a variable of their
+    own, or from the names of files mounted in `mount_subdir` of the devices' directory."""
+
+    variable: str
+    names: tuple[str, ...]
+    mount_subdir: str
+
+    def joined(self) -> str:
+        return ",".join(self.names)
+
+
+@dataclass(frozen=True)
 class DeviceNames:
     """How a vendor's container runtime hook and its CDI specs know the devices: the
     names a hook reads from `variable` (or from the names of files mounted in
     `mount_dir`), and the qualified CDI device names (`vendor/class=name`) of the same
-    devices and of the features they come with. `annotation` is what a CDI annotation's
-    key calls the one who wrote it."""
+    devices, of their companions and of the features they come with. `annotation` is
+    what a CDI annotation's key calls the one who wrote it."""
 
     variable: str
     names: tuple[str, ...]
     cdi: tuple[str, ...]
     mount_dir: str
     annotation: str
+    companions: tuple[Companions, ...] = ()
 
     def joined(self) -> str:
         """The names as the hook reads them from `variable`."""
@@ -54,6 +69,7 @@ class ContainerEdits:
         env = dict(self.env)
         if self.names is not None:
             env[self.names.variable] = self.names.joined()
+            env.update((c.variable, c.joined()) for c in self.names.companions)
         return env
 
 
@@ -87,12 +103,18 @@ def _merged_names(names: Sequence[DeviceNames]) -> DeviceNames | None:
     if not names:
         return None
     first = names[0]
+    companions: dict[tuple[str, str], tuple[str, ...]] = {}
+    for part in names:
+        for c in part.companions:
+            key = (c.variable, c.mount_subdir)
+            companions[key] = _unique((*companions.get(key, ()), *c.names))
     return DeviceNames(
         first.variable,
         _unique(n for part in names for n in part.names),
         _unique(c for part in names for c in part.cdi),
         first.mount_dir,
         first.annotation,
+        tuple(Companions(v, n, d) for (v, d), n in companions.items()),
     )
 
 

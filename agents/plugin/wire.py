@@ -95,11 +95,17 @@ def _name(
         return
     if ENVVAR in lists:
         answer.env[names.variable] = names.joined()
+        answer.env.update((c.variable, c.joined()) for c in names.companions)
     if VOLUME_MOUNTS in lists:
         answer.env[names.variable] = names.mount_dir
         answer.mounts += [
             Mount(posixpath.join(names.mount_dir, n), MOUNT_SOURCE, read_only=False)
             for n in names.names
+        ]
+        answer.mounts += [
+            Mount(posixpath.join(names.mount_dir, c.mount_subdir, n), MOUNT_SOURCE, read_only=False)
+            for c in names.companions
+            for n in c.names
         ]
     if not flags.pass_device_specs:
         answer.nodes = ()
