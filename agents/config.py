@@ -53,6 +53,8 @@ DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri
 SHARED_DEVICES_POLICIES: tuple[SharedDevicesPolicy, ...] = ("distributed", "packed")
 DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+CONTAINER_DRIVER_ROOT = "/driver-root"  # where NVIDIA's plugin has the driver's root mounted
+IMEX_CHANNEL_SETS = ((), (0,))  # the channelIDs NVIDIA's plugin v0.20 allows
 SHARED_SUFFIX = ".shared"
 # Bounds on time-slicing (docs/configuration.md#time-slicing-bounds): every replica is a
 # device in the agent's memory and in the ListAndWatch message the kubelet must take.
@@ -72,6 +74,7 @@ class Flags:
     gdrcopy_enabled: bool = False
     nvidia_driver_root: str = "/"
     nvidia_dev_root: str | None = None  # None: the driver root
+    container_driver_root: str = CONTAINER_DRIVER_ROOT  # where IMEX channels are looked for
     cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
     shared_devices_allocation_policy: SharedDevicesPolicy = "distributed"
 
@@ -181,6 +184,16 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class Imex:
+    """`imex` (docs/configuration.md#imex-channels): the IMEX channels every GPU
+    container gets, in device-plugin mode; `required`: a missing channel stops the agent
+    instead of a warning."""
+
+    channel_ids: tuple[int, ...] = ()
+    required: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     version: str = "v1"
     flags: Flags = field(default_factory=Flags)
@@ -189,6 +202,7 @@ class Config:
     pairing: Pairing = field(default_factory=Pairing)
     health: Health = field(default_factory=Health)
     fabric: Fabric = field(default_factory=Fabric)
+    imex: Imex = field(default_factory=Imex)
     ignored_keys: tuple[str, ...] = ()
     """Key paths accepted for compatibility that have no effect here (to be logged once)."""
 
@@ -221,7 +235,7 @@ def _config(raw: object) -> Config:
     flags = _flags(top.section("flags", _FLAG_KEYS))
     sharing = Sharing(_shared(top.section("sharing", ("timeSlicing", "mps"))))
     _ignore_pattern_renames(top.section("resources", ("gpus", "mig")))
-    _imex(top.section("imex", ("channelIDs", "required")))
+    imex = _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
     pairing = Pairing(top.section("pairing", ("enabled",)).value("enabled", boolean, True))
     health = top.section("health", ("disabledXids", "xidRecovery", "degraded"))
@@ -230,8 +244,18 @@ def _config(raw: object) -> Config:
     degraded = _degraded(health.section("degraded", _DEGRADED_KEYS))
     health_ = Health(frozenset(xids), recovery or None, degraded)
     fabric = _fabric(top.section("fabric", ("spines", "labelKeys")))
+    if imex.channel_ids and _DRIVER_ROOT_KEY in top.ignored:
+        top.ignored.remove(_DRIVER_ROOT_KEY)  # where the channels are looked for
     return Config(
-        version, flags, sharing, roce, pairing, health_, fabric, ignored_keys=tuple(top.ignored)
+        version,
+        flags,
+        sharing,
+        roce,
+        pairing,
+        health_,
+        fabric,
+        imex,
+        ignored_keys=tuple(top.ignored),
     )
 
 
@@ -248,7 +272,10 @@ _PLUGIN_KEYS = (
     *("passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy"),
     *("cdiAnnotationPrefix", "sharedDevicesAllocationPolicy"),
 )
-_CDI_SPEC_KEYS = ("nvidiaCTKPath", "containerDriverRoot")  # for writing CDI specs: not done here
+# For writing CDI specs, which is not done here; the driver root also says where IMEX
+# channels are looked for, so it is listed as ignored only without channels.
+_CDI_SPEC_KEYS = ("nvidiaCTKPath", "containerDriverRoot")
+_DRIVER_ROOT_KEY = "flags.plugin.containerDriverRoot"
 _ROOT_KEYS = ("nvidiaDriverRoot", "nvidiaDevRoot")
 _DRIVER_ENV_KEYS = ("gdsEnabled", "mofedEnabled", "gdrcopyEnabled")
 _INERT_FLAGS: dict[str, Check[object]] = {
@@ -277,8 +304,9 @@ def _device_lists(value: object) -> frozenset[str]:
 
 def _flags(sec: Section) -> Flags:
     plugin = sec.section("plugin", _PLUGIN_KEYS + _CDI_SPEC_KEYS)
-    for key in _CDI_SPEC_KEYS:
-        plugin.ignore(key, string)
+    plugin.ignore("nvidiaCTKPath", string)
+    driver_root = plugin.value("containerDriverRoot", host_root, "") or CONTAINER_DRIVER_ROOT
+    plugin.ignore("containerDriverRoot", host_root)
     for key, check in _INERT_FLAGS.items():
         sec.ignore(key, check)
     gfd = sec.section("gfd", tuple(_GFD_KEYS))
@@ -299,6 +327,7 @@ def _flags(sec: Section) -> Flags:
         gdrcopy_enabled=sec.value("gdrcopyEnabled", boolean, False),
         nvidia_driver_root=sec.value("nvidiaDriverRoot", host_root, "") or "/",
         nvidia_dev_root=sec.value("nvidiaDevRoot", host_root, "") or None,
+        container_driver_root=driver_root,
         cdi_annotation_prefix=_either(
             sec, plugin, "cdiAnnotationPrefix", annotation_prefix, CDI_ANNOTATION_PREFIX
         ),
@@ -405,14 +434,20 @@ def _ignore_pattern_renames(sec: Section) -> None:
             sec.ignored.append(sec.at(key))
 
 
-def _imex(sec: Section) -> None:
+def _imex(sec: Section) -> Imex:
+    """The channels as NVIDIA's plugin v0.20 allows them; without any, both keys are
+    listed as ignored (`required` then asks for nothing)."""
     channels = sec.value("channelIDs", list_of(integer(0)), tuple[int, ...]())
-    if channels:
+    if channels not in IMEX_CHANNEL_SETS:
         raise SchemaError(
-            "not supported: IMEX channels (remove imex.channelIDs)", sec.at("channelIDs")
+            f"[] or [0], the IMEX channels NVIDIA's plugin allows, got {list(channels)}",
+            sec.at("channelIDs"),
         )
-    sec.ignore("channelIDs", list_of(integer(0)))
-    sec.ignore("required", boolean)
+    if not channels:
+        sec.ignore("channelIDs", list_of(integer(0)))
+        sec.ignore("required", boolean)
+        return Imex()
+    return Imex(channels, sec.value("required", boolean, False))
 
 
 def _roce(sec: Section) -> Roce:

@@ -1,6 +1,6 @@
 """What a container is given for its GPUs, in every API: the names NVIDIA's runtime hook
-and CDI know them by, the driver features' environment, and the device nodes each GPU or
-MIG instance is opened through."""
+and CDI know them by, the driver features' environment, the device nodes each GPU or MIG
+instance is opened through, and the IMEX channels that come with them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from agents.config import Flags
 from agents.core.device import DeviceNode
+from agents.gpu import imex
 from agents.gpu.plan import Unit
+from agents.hw.imex_channels import channel_path
 from agents.kernel.edits import ContainerEdits, DeviceNames
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -27,31 +29,31 @@ ANNOTATION_WRITER = "nvidia-device-plugin"
 @dataclass(frozen=True)
 class GpuNodes:
     """Where a resource's GPUs and MIG instances are opened: each physical GPU's
-    /dev/nvidia<minor>, each MIG instance's /dev/nvidia-caps devices, and where the host
-    has them (`dev_root` the simulator's root, "" on a real node)."""
+    /dev/nvidia<minor>, each MIG instance's /dev/nvidia-caps devices, the IMEX channels
+    every container gets, and where the host has them (`dev_root` the simulator's root,
+    "" on a real node)."""
 
     minors: Mapping[str, int]  # physical GPU UUID -> its minor
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its capability devices
     dev_root: str = ""
+    imex_channels: tuple[int, ...] = ()
 
 
 def gpu_edits(
     resource: str, units: Sequence[Unit], flags: Flags, where: GpuNodes
 ) -> ContainerEdits:
     """What a container gets for these units of `resource` together (deviceIDStrategy
-    chooses the names; the driver features add their environment and CDI devices)."""
+    chooses the names; the IMEX channels and the driver features add their names, device
+    nodes, environment and CDI devices, in the order NVIDIA's plugin gives them)."""
     by_index = flags.device_id_strategy == "index"
     names = tuple(dict.fromkeys(u.index if by_index else u.visible_id for u in units))
-    features = [
-        mode
-        for mode, on in (
-            ("gdrcopy", flags.gdrcopy_enabled),
-            ("gds", flags.gds_enabled),
-            ("mofed", flags.mofed_enabled),
-        )
-        if on
-    ]
-    cdi = (*(f"{CDI_KIND}={name}" for name in names), *(f"{CDI_VENDOR}/{m}=all" for m in features))
+    features = _driver_features(flags)
+    channels = where.imex_channels
+    cdi = (
+        *(f"{CDI_KIND}={name}" for name in names),
+        *imex.cdi_names(channels),
+        *(f"{CDI_VENDOR}/{m}=all" for m in features),
+    )
     dev_root, host_root = where.dev_root, flags.host_dev_root
 
     def node(path: str) -> DeviceNode:
@@ -66,7 +68,21 @@ def gpu_edits(
             *controls,
             *dict.fromkeys(gpu.values()),
             *dict.fromkeys(c for own in caps.values() for c in own),
+            *(node(channel_path(c)) for c in channels),
         ),
         device_nodes={(resource, u.id): (*controls, gpu[u.id], *caps[u.id]) for u in units},
-        names=DeviceNames(VISIBLE_DEVICES, names, cdi, DEVICE_LIST_DIR, ANNOTATION_WRITER),
+        names=DeviceNames(
+            VISIBLE_DEVICES,
+            names,
+            cdi,
+            DEVICE_LIST_DIR,
+            ANNOTATION_WRITER,
+            imex.companions(channels),
+        ),
     )
+
+
+def _driver_features(flags: Flags) -> list[str]:
+    """The driver features turned on, as NVIDIA's CDI specs name their devices."""
+    on = {"gdrcopy": flags.gdrcopy_enabled, "gds": flags.gds_enabled, "mofed": flags.mofed_enabled}
+    return [mode for mode, enabled in on.items() if enabled]

@@ -108,6 +108,7 @@ class GpuFamily:
             minors={g.uuid: g.minor for g in gpus},
             mig_caps=found.mig_caps,
             dev_root=found.dev_root,
+            imex_channels=found.imex_channels,
         )
         nvlinks = nvlink_counts(gpus)
         by_uuid = {g.uuid: g for g in gpus}

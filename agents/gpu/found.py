@@ -25,3 +25,4 @@ class GpusFound:
     machine: str | None = None  # DMI product name; None: unreadable
     vgpus: tuple[VgpuHost, ...] | None = None  # None: PCI config space unreadable
     fabrics: dict[str, Fabric | None] = field(default_factory=dict)  # by GPU UUID
+    imex_channels: tuple[int, ...] = ()  # the configured IMEX channels the node has

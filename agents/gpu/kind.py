@@ -1,5 +1,6 @@
 """How the GPU family is made: NVML initialised and asked, off the event loop, for values
-only (GPUs, resource plans, MIG capability devices); then built on the loop."""
+only (GPUs, resource plans, MIG capability devices, IMEX channels); then built on the
+loop."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import structlog
 
 from agents.backends import Backends
-from agents.config import Config, Sharing
+from agents.config import Config, Imex, Sharing
 from agents.core.ledger import GPU
 from agents.errors import BackendError
 from agents.family import Context
@@ -18,6 +19,7 @@ from agents.gpu.discovery import DriverVersions, Gpu, discover
 from agents.gpu.family import GpuFamily
 from agents.gpu.found import GpusFound
 from agents.gpu.gfd import read_fabrics, vgpus
+from agents.gpu.imex import imex_channels
 from agents.gpu.plan import plan_resources
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
@@ -35,6 +37,8 @@ def discover_gpus(
 ) -> GpusFound:
     """Blocking. Raises BackendError or ConfigError, holding nothing then."""
     root = "" if dev_root is None else str(dev_root)
+    flags = config.flags
+    channels = imex_channels(config.imex, flags.container_driver_root, root, source)
     try:
         waited(nvml.init, START_WAIT_S, "init")
     except BackendError as exc:
@@ -46,7 +50,6 @@ def discover_gpus(
         gpus = waited(lambda: discover(nvml, sysfs), START_WAIT_S, "discovery")
         driver = waited(lambda: _driver(nvml), START_WAIT_S, "driver versions")
         plans = plan_resources(gpus, config, source)
-        flags = config.flags
         caps = _mig_caps(gpus, root) if flags.mig_strategy != "none" else {}
         fabrics = waited(
             lambda: read_fabrics(nvml, [g.uuid for g in gpus]), START_WAIT_S, "fabric info"
@@ -65,6 +68,7 @@ def discover_gpus(
         machine=sysfs.machine_type(),
         vgpus=vgpus(sysfs),
         fabrics=fabrics,
+        imex_channels=channels,
     )
 
 
@@ -109,7 +113,7 @@ def _mig_caps(gpus: Sequence[Gpu], dev_root: str) -> dict[str, tuple[str, ...]]:
 
 class GpuKind:
     name = "gpu"
-    sections: tuple[str, ...] = ("flags", "sharing", "health", "pairing")
+    sections: tuple[str, ...] = ("flags", "sharing", "health", "pairing", "imex")
     pairs_as: str | None = GPU
 
     def discover(self, config: Config, backends: Backends, source: str) -> GpusFound:
@@ -132,13 +136,14 @@ class GpuKind:
                 ),
                 ("deviceIDStrategy", flags.device_id_strategy != default.flags.device_id_strategy),
                 ("passDeviceSpecs", flags.pass_device_specs != default.flags.pass_device_specs),
+                ("imex", config.imex != default.imex),
             )
             if set_
         ]
         for key in ignored:
             log.warning("dra_ignores_key", key=key, family=self.name)
         named = dataclasses.replace(flags, mig_strategy="mixed", device_id_strategy="uuid")
-        return dataclasses.replace(config, flags=named, sharing=Sharing())
+        return dataclasses.replace(config, flags=named, sharing=Sharing(), imex=Imex())
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
         return GpuFamily(

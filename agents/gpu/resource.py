@@ -33,6 +33,7 @@ class AllocateOptions:
     minors: Mapping[str, int]  # physical GPU UUID -> /dev/nvidia<minor>
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its /dev/nvidia-caps devices
     dev_root: str  # "" on a real node; the simulator's root on a simulated one
+    imex_channels: tuple[int, ...] = ()  # the IMEX channels every container gets
 
 
 def whole_gpus(plan: ResourcePlan) -> bool:
@@ -66,7 +67,9 @@ class GpuResource:
         self.pairing = pairing  # the NICs paired with these GPUs, if any
         self._pair_costs: PairCosts | None = None
         self._replicas: _Replicas | None = None
-        self._nodes = GpuNodes(options.minors, options.mig_caps, options.dev_root)
+        self._nodes = GpuNodes(
+            options.minors, options.mig_caps, options.dev_root, options.imex_channels
+        )
         # What a container gets, by device IDs in the order given (see `edits`).
         self._answers: dict[tuple[str, ...], ContainerEdits] = {}
 

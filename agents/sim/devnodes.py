@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from agents.hw.imex_channels import CHANNEL_DIR, channel_path
 from agents.hw.nvidia_caps import CAP_DEVICE, access_files
 from agents.sim.specs import NodeSpec
 
@@ -17,7 +18,9 @@ log = structlog.get_logger(__name__)
 
 _NULL = os.makedev(1, 3)
 _GPU_COMMON = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-_OWNED = re.compile(r"nvidia\d+|infiniband/uverbs\d+|nvidia-caps/nvidia-cap\d+")
+_OWNED = re.compile(
+    r"nvidia\d+|infiniband/uverbs\d+|nvidia-caps/nvidia-cap\d+|nvidia-caps-imex-channels/channel\d+"
+)
 # The driver's numbering of capability devices: config 1, monitor 2, then per GPU minor
 # 15 GPU instances of 9 entries each (the instance's access, then 8 compute instances').
 _CAPS_FIRST, _CAPS_PER_GPU, _CAPS_PER_GI = 3, 135, 9
@@ -56,6 +59,7 @@ class DeviceNodes:
         if rdma:
             out.add("/dev/infiniband/rdma_cm")
         out |= {f"{CAP_DEVICE}{minor}" for minor in mig_access_files(node).values()}
+        out |= {channel_path(c) for c in node.imex_channels}
         return out
 
     def apply(self, node: NodeSpec) -> None:
@@ -67,6 +71,7 @@ class DeviceNodes:
             *_entries(dev, ""),
             *_entries(dev / "infiniband", "infiniband/"),
             *_entries(dev / "nvidia-caps", "nvidia-caps/"),
+            *_entries(self.root / CHANNEL_DIR.lstrip("/"), "nvidia-caps-imex-channels/"),
         )
         for name in owned:
             if _OWNED.fullmatch(name) and f"/dev/{name}" not in wanted:

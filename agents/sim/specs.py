@@ -67,6 +67,7 @@ class NodeSpec:
     nics: tuple[NicSpec, ...] = ()
     nvswitch: bool = False  # the GPUs' NVLinks end at NVSwitches (HGX/DGX)
     machine: str | None = None  # DMI product name; None: no /sys/class/dmi/id/product_name
+    imex_channels: tuple[int, ...] = ()  # /dev/nvidia-caps-imex-channels/channel<N>
 
     @property
     def devices(self) -> tuple[GpuSpec | NicSpec, ...]:

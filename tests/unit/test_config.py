@@ -15,6 +15,7 @@ from agents.config import (
     Fabric,
     Flags,
     Health,
+    Imex,
     Pairing,
     Roce,
     RoceSelectors,
@@ -236,6 +237,40 @@ def test_every_established_key_is_read_and_inert_ones_are_listed() -> None:
 )
 def test_keys_without_effect_are_listed_once(text: str, ignored: list[str]) -> None:
     assert list(parse_config(text + "\n", "c.yaml").ignored_keys) == ignored
+
+
+@pytest.mark.parametrize(
+    ("text", "imex", "ignored"),
+    [
+        ("imex: {channelIDs: []}", Imex(), ["imex.channelIDs"]),
+        ("imex: {channelIDs: [0]}", Imex((0,)), []),
+        ("imex: {channelIDs: [0], required: true}", Imex((0,), required=True), []),
+        (
+            "imex: {channelIDs: [], required: true}\n"
+            "flags: {plugin: {containerDriverRoot: /run/nvidia/driver}}",
+            Imex(),
+            ["flags.plugin.containerDriverRoot", "imex.channelIDs", "imex.required"],
+        ),
+        (
+            "imex: {channelIDs: [0]}\nflags: {plugin: {containerDriverRoot: /run/nvidia/driver}}",
+            Imex((0,)),
+            [],
+        ),
+    ],
+    ids=["none", "channel-0", "channel-0-required", "no-channel-no-root", "root-for-the-channel"],
+)
+def test_imex_channels_are_honoured_as_nvidia_allows_them(
+    text: str, imex: Imex, ignored: list[str]
+) -> None:
+    config = parse_config(text + "\n", "c.yaml")
+    assert config.imex == imex
+    assert list(config.ignored_keys) == ignored
+
+
+def test_the_container_driver_root_says_where_imex_channels_are_looked_for() -> None:
+    assert Flags().container_driver_root == "/driver-root"
+    text = "flags: {plugin: {containerDriverRoot: /run/nvidia/driver}}\n"
+    assert parse_config(text, "c.yaml").flags.container_driver_root == "/run/nvidia/driver"
 
 
 @pytest.mark.parametrize(
@@ -496,7 +531,8 @@ BAD = [
         "resources.gpus[0].devices",
         "unknown key",
     ),
-    ("imex-channels", "imex: {channelIDs: [0]}\n", "imex.channelIDs", "not supported"),
+    ("imex-channel-1", "imex: {channelIDs: [1]}\n", "imex.channelIDs", "[] or [0]"),
+    ("imex-two-channels", "imex: {channelIDs: [0, 1]}\n", "imex.channelIDs", "got [0, 1]"),
     ("imex-channel-negative", "imex: {channelIDs: [-1]}\n", "imex.channelIDs[0]", ">= 0"),
     ("imex-required-string", "imex: {required: 'yes'}\n", "imex.required", "true or false"),
     (

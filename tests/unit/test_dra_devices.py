@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agents.config import Config, Flags, Roce, Sharing, TimeSlicedResource, TimeSlicing
+from agents.config import Config, Flags, Imex, Roce, Sharing, TimeSlicedResource, TimeSlicing
 from agents.core.health import GpuLost, LinkNotUp, NvmlError, NvmlHung, Taint, Xids
 from agents.gpu import dra as gpu_dra
 from agents.gpu.dra import binary_quantity, semantic
@@ -187,6 +187,7 @@ def test_named_devices_sets_back_what_claims_decide_and_warns_once_for_each() ->
         ),
         sharing=Sharing(TimeSlicing(resources=(TimeSlicedResource("nvidia.com/gpu", 4),))),
         roce=Roce(resource_name="rdma/fast"),
+        imex=Imex((0,), required=True),
     )
     with capture_logs() as logs:
         gpu = GpuKind().named_devices(config)
@@ -198,11 +199,13 @@ def test_named_devices_sets_back_what_claims_decide_and_warns_once_for_each() ->
         "deviceListStrategy",
         "deviceIDStrategy",
         "passDeviceSpecs",
+        "imex",
         "roce.resourceName",
     ]
     assert gpu.flags.mig_strategy == "mixed" and gpu.flags.device_id_strategy == "uuid"
     # The device-plugin API's own keys are left as they are: nothing in DRA reads them.
     assert gpu.flags.pass_device_specs and gpu.flags.device_list_strategy == {"cdi-cri"}
+    assert gpu.imex == Imex()  # no channel is looked for: a missing one stops nothing
     assert gpu.sharing == Sharing() and gpu.roce == config.roce and gpu.health == config.health
     assert roce.roce.resource_name == "rdma/roce" and roce.flags == config.flags
     with capture_logs() as logs:
