@@ -39,6 +39,11 @@ READINGS = {
     "gpu_row_remap_failed": "Whether a row remap ever failed (the GPU needs replacing): 1 or 0",
     "gpu_retired_pages_pending": "Whether a page retirement waits for a GPU reset: 1 or 0",
     "gpu_fabric_health_mask": "NVML's NVLink fabric health mask of the GPU (0: none reported)",
+    "gpu_memory_used_bytes": "GPU memory in use, in bytes (DCGM_FI_DEV_FB_USED)",
+    "gpu_memory_total_bytes": "GPU memory in all, in bytes (DCGM_FI_DEV_FB_USED + FB_FREE)",
+    "gpu_power_watts": "Power the GPU draws now, in watts (DCGM_FI_DEV_POWER_USAGE)",
+    "gpu_temperature_celsius": "GPU core temperature, in degrees Celsius (DCGM_FI_DEV_GPU_TEMP)",
+    "gpu_sm_clock_mhz": "SM clock of the GPU now, in MHz (DCGM_FI_DEV_SM_CLOCK)",
     "nic_link_speed_mbps": "Link speed of the NIC now, in Mb/s (absent while down)",
     "nic_link_speed_expected_mbps": "Link speed the NIC is expected to run at, in Mb/s",
 }

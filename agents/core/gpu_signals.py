@@ -50,6 +50,12 @@ class GpuReading:
     remap_failed: bool | None = None
     retired_pages_pending: bool | None = None
     recovery_action: int | None = None
+    # Telemetry, judged by no signal: only gauged (agents/core/readings.py).
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    temperature_celsius: int | None = None
+    sm_clock_mhz: int | None = None
     fabric: Fabric | None = None  # the NVLink fabric it registered with; None: none
 
 

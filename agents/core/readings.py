@@ -11,8 +11,8 @@ Readings = dict[str, float | None]
 
 
 def gpu_readings(r: GpuReading) -> Readings:
-    """A GPU's: PCIe link, utilization, replays, NVLinks, slowdown, memory repairs and
-    its NVLink fabric's health mask."""
+    """A GPU's: PCIe link, utilization, replays, NVLinks, slowdown, memory repairs, its
+    NVLink fabric's health mask, and memory in use, power, temperature and SM clock."""
     links = r.nvlinks
     slowdown = None if r.clock_events is None else r.clock_events & sum(CLOCK_EVENTS) != 0
     return {
@@ -29,6 +29,11 @@ def gpu_readings(r: GpuReading) -> Readings:
         "gpu_row_remap_failed": _flag(r.remap_failed),
         "gpu_retired_pages_pending": _flag(r.retired_pages_pending),
         "gpu_fabric_health_mask": None if r.fabric is None else r.fabric.health_mask,
+        "gpu_memory_used_bytes": r.memory_used_bytes,
+        "gpu_memory_total_bytes": r.memory_total_bytes,
+        "gpu_power_watts": r.power_watts,
+        "gpu_temperature_celsius": r.temperature_celsius,
+        "gpu_sm_clock_mhz": r.sm_clock_mhz,
     }
 
 

@@ -67,6 +67,7 @@ class SignalReader:
                 )
             ),
             recovery_action=self._ask(lambda: self._recovery_action(handle)),
+            **self._telemetry(handle),
             fabric=self._fabric(handle, uuid),
         )
 
@@ -130,6 +131,23 @@ class SignalReader:
         if fabric is None:
             self._no_fabric.add(uuid)
         return fabric
+
+    def _telemetry(self, handle: object) -> dict[str, Any]:
+        """Memory, power, temperature and SM clock: GpuReading's telemetry fields."""
+        lib = self._lib
+        memory = self._ask(lambda: lib.nvmlDeviceGetMemoryInfo(handle))
+        milliwatts = self._ask(lambda: int(lib.nvmlDeviceGetPowerUsage(handle)))
+        return {
+            "memory_used_bytes": None if memory is None else int(memory.used),
+            "memory_total_bytes": None if memory is None else int(memory.total),
+            "power_watts": None if milliwatts is None else milliwatts / 1000,
+            "temperature_celsius": self._ask(
+                lambda: int(lib.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+            ),
+            "sm_clock_mhz": self._ask(
+                lambda: int(lib.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+            ),
+        }
 
     def _recovery_action(self, handle: object) -> int | None:
         value = self._lib.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])[0]

@@ -74,6 +74,7 @@ _GPU_KEYS = {
     *("nvlinks", "mig", "xids", "lost", "nvml"),
     *("pcie", "utilization", "nvlinksDown", "clockEvents", "remappedRows"),
     *("retiredPagesPending", "computeCapability", "fabric"),
+    *signal_fields.TELEMETRY_KEYS,
 }
 
 
@@ -109,6 +110,7 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
             m, path, "computeCapability", r"\d+\.\d+", 'a quoted CUDA compute capability, "9.0"'
         ),
         fabric=fabric_fields.fabric(f, m, path),
+        telemetry=signal_fields.telemetry(f, m, path),
     )
 
 

@@ -210,6 +210,7 @@ def reading(gpu: GpuSpec, links: int) -> GpuReading:
     remap = not gpu.mig_enabled and architecture not in _NO_ROW_REMAPPING
     down = min(gpu.nvlinks_down, links)
     events = {"hwSlowdown": 0x8, "hwThermalSlowdown": 0x40, "hwPowerBrake": 0x80}
+    t = gpu.telemetry
     return GpuReading(
         pcie_width=pcie.width if pcie.width is not None else PCIE_WIDTH,
         pcie_max_width=pcie.max_width if pcie.max_width is not None else PCIE_WIDTH,
@@ -223,6 +224,11 @@ def reading(gpu: GpuSpec, links: int) -> GpuReading:
         remap_failed=gpu.remap_failed if remap else None,
         retired_pages_pending=gpu.retired_pages_pending,
         recovery_action=None,  # driver 550 does not offer the field
+        memory_used_bytes=min(t.memory_used_mib, gpu.memory_mib) * 2**20,
+        memory_total_bytes=gpu.memory_mib * 2**20,
+        power_watts=t.power_watts,
+        temperature_celsius=t.temperature_celsius,
+        sm_clock_mhz=t.sm_clock_mhz,
         fabric=gpu.fabric,
     )
 

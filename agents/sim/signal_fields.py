@@ -24,6 +24,17 @@ class PcieSpec:
 
 
 CLOCK_EVENT_NAMES = ("hwSlowdown", "hwThermalSlowdown", "hwPowerBrake")
+TELEMETRY_KEYS = ("memoryUsedMiB", "powerWatts", "temperature", "smClockMHz")
+
+
+@dataclass(frozen=True)
+class TelemetrySpec:
+    """A GPU's memory in use, power, temperature and SM clock; left out, an idle GPU's."""
+
+    memory_used_mib: int = 0
+    power_watts: float = 70.0
+    temperature_celsius: int = 30
+    sm_clock_mhz: int = 1980
 
 
 def pcie(f: Fields, m: MappingValue, path: str) -> PcieSpec:
@@ -79,3 +90,17 @@ def counters(f: Fields, m: MappingValue, path: str) -> tuple[tuple[str, int], ..
             f.fail(f"{p}.{name}", "a counter name such as symbol_error")
         out.append((name, f.integer(doc, p, name, 0, minimum=0)))
     return tuple(sorted(out))
+
+
+def telemetry(f: Fields, m: MappingValue, path: str) -> TelemetrySpec:
+    """`memoryUsedMiB`, `powerWatts`, `temperature` (Celsius), `smClockMHz` of a GPU."""
+    idle = TelemetrySpec()
+    power = m.get("powerWatts", idle.power_watts)
+    if isinstance(power, bool) or not isinstance(power, int | float) or power < 0:
+        f.fail(f"{path}.powerWatts", "a number of watts >= 0")
+    return TelemetrySpec(
+        memory_used_mib=f.integer(m, path, "memoryUsedMiB", idle.memory_used_mib, minimum=0),
+        power_watts=float(power),
+        temperature_celsius=f.integer(m, path, "temperature", idle.temperature_celsius),
+        sm_clock_mhz=f.integer(m, path, "smClockMHz", idle.sm_clock_mhz, minimum=0),
+    )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from agents.core.gfd_facts import Fabric
 from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
-from agents.sim.signal_fields import PcieSpec
+from agents.sim.signal_fields import PcieSpec, TelemetrySpec
 
 DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 DEFAULT_MEMORY_MIB = 81559
@@ -41,6 +41,7 @@ class GpuSpec:
     retired_pages_pending: bool = False
     compute_capability: str | None = None  # None: as NVML answers for the model
     fabric: Fabric | None = None  # None: NVML answers NotSupported (no NVLink fabric)
+    telemetry: TelemetrySpec = field(default_factory=TelemetrySpec)  # memory, power, ...
 
 
 @dataclass(frozen=True)

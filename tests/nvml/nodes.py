@@ -211,6 +211,10 @@ def _sim_signals(spec: GpuSpec, links: int) -> Signals:
         remap_failed=spec.remap_failed,
         retired_pending=spec.retired_pages_pending,
         links_down=min(spec.nvlinks_down, links),
+        memory_used_mib=spec.telemetry.memory_used_mib,
+        power_mw=round(spec.telemetry.power_watts * 1000),
+        temperature=spec.telemetry.temperature_celsius,
+        sm_clock_mhz=spec.telemetry.sm_clock_mhz,
     )
 
 

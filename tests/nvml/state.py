@@ -56,6 +56,10 @@ class Signals:
     replays: int = 0
     utilization: int = 0
     clock_events: int = 0  # NVML's clock event reason bits
+    memory_used_mib: int = 0
+    power_mw: int = 70000
+    temperature: int = 30
+    sm_clock_mhz: int = 1980
     remap: bool = True
     remap_pending: bool = False
     remap_failed: bool = False
@@ -280,6 +284,10 @@ def _signal_fields(s: Signals) -> dict[str, object]:
         "retired_pending": int(s.retired_pending),
         "recovery_offered": int(s.recovery is not None),
         "recovery": s.recovery or 0,
+        "memory_used": s.memory_used_mib,
+        "power_mw": s.power_mw,
+        "temperature": s.temperature,
+        "sm_clock": s.sm_clock_mhz,
     }
 
 

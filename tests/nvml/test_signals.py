@@ -82,6 +82,7 @@ def faulty(gpu: Gpu) -> None:
     s.pcie_width, s.pcie_gen, s.utilization, s.replays = 8, 3, 90, 40
     s.clock_events = 0x40 | 0x8 | 0x1
     s.remap_pending, s.retired_pending, s.recovery, s.links_down = True, True, 1, 2
+    s.memory_used_mib, s.power_mw, s.temperature, s.sm_clock_mhz = 1024, 350500, 71, 1410
 
 
 def test_every_signal_reads_through_pynvml(tmp_path: Path) -> None:
@@ -105,6 +106,11 @@ def test_every_signal_reads_through_pynvml(tmp_path: Path) -> None:
         retired_pages_pending=True,
         recovery_action=1,
         fabric=Fabric(H100_CLUSTER, 0, state=3, status=0, health_mask=HEALTHY_MASK),
+        memory_used_bytes=1024 << 20,
+        memory_total_bytes=node.gpus[0].memory,
+        power_watts=350.5,
+        temperature_celsius=71,
+        sm_clock_mhz=1410,
     )
     assert readings[uuids[1]].recovery_action == 0
     assert readings[uuids[2]].remap_failed is True

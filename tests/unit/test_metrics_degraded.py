@@ -86,6 +86,10 @@ def test_a_gpu_probe_becomes_the_reading_gauges_and_unoffered_ones_are_absent() 
         clock_events=0x40,
         remap_pending=False,
         fabric=Fabric("5a1e2b3c-4d5e-4f60-8172-839405a6b7c8", 1, 3, 0, health_mask=0x19A),
+        memory_used_bytes=3 << 30,
+        memory_total_bytes=80 << 30,
+        power_watts=312.5,
+        temperature_celsius=64,
     )
     metrics.readings("nvidia.com/gpu", "GPU-0", gpu_readings(reading))
     got = {
@@ -109,6 +113,11 @@ def test_a_gpu_probe_becomes_the_reading_gauges_and_unoffered_ones_are_absent() 
         "gpu_row_remap_failed": None,
         "gpu_retired_pages_pending": None,
         "gpu_fabric_health_mask": 0x19A,  # route unhealthy
+        "gpu_memory_used_bytes": 3 << 30,
+        "gpu_memory_total_bytes": 80 << 30,
+        "gpu_power_watts": 312.5,
+        "gpu_temperature_celsius": 64,
+        "gpu_sm_clock_mhz": None,
     }
     metrics.readings("nvidia.com/gpu", "GPU-0", gpu_readings(GpuReading()))
     assert samples(metrics, "node_agent_gpu_pcie_link_width") == {}

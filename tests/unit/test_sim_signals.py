@@ -51,6 +51,11 @@ def test_left_out_the_fields_answer_as_a_healthy_gpu_of_its_model() -> None:
         remap_failed=False,
         retired_pages_pending=False,
         recovery_action=None,
+        memory_used_bytes=0,  # an idle GPU's telemetry
+        memory_total_bytes=81559 << 20,
+        power_watts=70.0,
+        temperature_celsius=30,
+        sm_clock_mhz=1980,
     )
     t4 = probe(node({"model": "Tesla T4", "nvlinks": []}))
     assert (t4.pcie_max_gen, t4.nvlinks, t4.remap_pending) == (3, None, None)
@@ -65,6 +70,10 @@ def test_every_field_is_read_and_answered() -> None:
             "clockEvents": ["hwSlowdown", "hwThermalSlowdown", "hwPowerBrake"],
             "remappedRows": {"pending": True, "failed": True},
             "retiredPagesPending": True,
+            "memoryUsedMiB": 2048,
+            "powerWatts": 512.5,
+            "temperature": 77,
+            "smClockMHz": 1200,
         },
         {"speedMbps": 100000, "counters": {"symbol_error": 3}, "carrierChanges": 4},
     )
@@ -74,6 +83,8 @@ def test_every_field_is_read_and_answered() -> None:
     assert (reading.pcie_width, reading.pcie_gen, reading.pcie_replays) == (8, 4, 12)
     assert (reading.utilization, reading.nvlinks, reading.clock_events) == (80, (False,), 0xC8)
     assert reading.remap_pending and reading.remap_failed and reading.retired_pages_pending
+    telemetry = (reading.memory_used_bytes, reading.power_watts, reading.temperature_celsius)
+    assert telemetry == (2048 << 20, 512.5, 77) and reading.sm_clock_mhz == 1200
     nic = spec.nics[0]
     assert (nic.speed_mbps, nic.counters, nic.carrier_changes) == (
         100000,

@@ -132,8 +132,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
     ENTER(device, h);
     const struct mig *m = mig_of(h);
     memory->total = m ? m->memory_mib << 20 : gpu_of(h)->memory;
-    memory->used = 0;
-    memory->free = memory->total;
+    memory->used = m ? 0 : (unsigned long long)gpu_of(h)->memory_used << 20;
+    memory->free = memory->total - memory->used;
     return leave(NVML_SUCCESS);
 }
 

@@ -70,6 +70,8 @@ struct gpu {
     unsigned utilization, remap, remap_corr, remap_unc, remap_pending, remap_failed;
     unsigned retired, retired_pending, recovery_offered, recovery;
     unsigned long long clock_events;
+    /* signals.c: telemetry; memory_used in MiB, power in milliwatts */
+    unsigned memory_used, power_mw, temperature, sm_clock;
     struct fabric fabric;
     struct link links[MAX_LINKS];
     struct mig migs[MAX_MIGS];

@@ -63,6 +63,40 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     return leave(NVML_SUCCESS);
 }
 
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    if (!power)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    if (h->slot >= 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *power = gpu_of(h)->power_mw;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor,
+                                      unsigned int *temp)
+{
+    if (!temp || sensor != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    if (h->slot >= 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *temp = gpu_of(h)->temperature;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock)
+{
+    if (!clock)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    ENTER(device, h);
+    if (h->slot >= 0 || type != NVML_CLOCK_SM)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *clock = gpu_of(h)->sm_clock;
+    return leave(NVML_SUCCESS);
+}
+
 static nvmlReturn_t clock_events(nvmlDevice_t device, unsigned long long *reasons,
                                  const char *call)
 {

@@ -11,6 +11,7 @@
  *                                                  and that bridge's NUMA node)
  *           pcie_width= pcie_max_width= pcie_gen= pcie_max_gen= pcie_gpu_max_gen=
  *           replays= utilization= clock_events= remap= remap_corr= remap_unc=
+ *           memory_used= power_mw= temperature= sm_clock=
  *           remap_pending= remap_failed= retired= retired_pending= recovery_offered= recovery=
  *                                                 (what signals.c answers)
  *   link    gpu= link= type= bus= down=           (an active NVLink; down=1: inactive now)
@@ -105,6 +106,10 @@ static void parse_gpu(struct state *s, char **f, int n)
     g->retired_pending = (unsigned)number(f, n, "retired_pending", 0);
     g->recovery_offered = (unsigned)number(f, n, "recovery_offered", 0);
     g->recovery = (unsigned)number(f, n, "recovery", 0);
+    g->memory_used = (unsigned)number(f, n, "memory_used", 0);
+    g->power_mw = (unsigned)number(f, n, "power_mw", 70000);
+    g->temperature = (unsigned)number(f, n, "temperature", 30);
+    g->sm_clock = (unsigned)number(f, n, "sm_clock", 1980);
     if (i + 1 > s->count)
         s->count = i + 1;
 }
