@@ -107,7 +107,7 @@ class HoldersCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         allocated = GaugeMetricFamily(
             "node_agent_device_allocated",
-            "1 for each device a container holds, as the kubelet's pod-resources API says",
+            "Each device a container holds, as the kubelet's pod-resources API says (value 1)",
             labels=["resource", "device", "physical_device", "namespace", "pod", "container"],
         )
         for h in self._holders.holders:

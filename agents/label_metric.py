@@ -20,7 +20,7 @@ class LabelCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "node_agent_node_label",
-            "1 for each node label the agent writes now, as the node carries it",
+            "Each node label the agent writes now, as the node carries it (value 1)",
             labels=["name", "value"],
         )
         for name, value in prefixed(self._labels()).items():

@@ -124,6 +124,8 @@ async def test_each_held_device_carries_its_pod_and_container_and_goes_with_the_
         assert len(expected) == 3
         found = await a.metrics_until(lambda m: held(m) == expected, "the trainer's 3 devices")
         assert held(found) == expected
+        family = found[ALLOCATED]  # as test_metrics' conventions ask of every family
+        assert family.type == "gauge" and family.documentation[0].isupper()
 
         await kubelet.release("trainer")
         await a.metrics_until(lambda m: held(m) == set(), "no series once the pod is deleted")
