@@ -1,6 +1,7 @@
 """`node-agent demo`: the agents on a bundled simulated node, driven by the kubelet stand-in.
 
-Shows what a person would check on a real node: the capacity, a few pods' devices with
+Shows what a person would check on a real node: the capacity and the GPU labels that
+selectors written for NVIDIA's GPU Feature Discovery read, a few pods' devices with
 their GPU<->NIC pairs, a fault turning a device Unhealthy and a reset bringing it back, a
 GPU whose PCIe link trains at half width turning Degraded (chosen last, still counted by
 the kubelet) and Healthy again once restored, and a clean stop.
@@ -83,6 +84,7 @@ class Demo:
         )
         self.out(f"Registered with the kubelet in {time.monotonic() - started:.2f} s.\n")
         self._describe_node()
+        self._gfd_labels(agent)
         names = self._names(agent)
         for pod in (
             Pod("trainer-0", [Container("train", {GPU_RESOURCE: 4, NIC_RESOURCE: 4})]),
@@ -102,6 +104,14 @@ class Demo:
             width = max(len(r) for r in counts) + 1
             for resource, n in sorted(counts.items()):
                 self.out(f"  {resource + ':':<{width}}  {n}")
+        self.out("")
+
+    def _gfd_labels(self, agent: Agent) -> None:
+        """The labels GPU Feature Discovery would write, as the node carries them."""
+        labels = {k: v for k, v in sorted(agent.labels().items()) if k.startswith("nvidia.com/")}
+        self.out("Labels (as NVIDIA's GPU Feature Discovery writes them):")
+        for key, value in labels.items():
+            self.out(f"  {key}={value}")
         self.out("")
 
     def _names(self, agent: Agent) -> dict[str, str]:
