@@ -107,11 +107,7 @@ class SimNvml:
         ]
 
     def status(self, uuid: str) -> GpuStatus:
-        self._require_init()
-        gpu = self._node.gpu(uuid)
-        if gpu is not None and gpu.nvml_hang_s:
-            _hang(gpu)
-            gpu = self._node.gpu(uuid)  # answer as the node is when the call returns
+        gpu = self._after_hang(uuid)
         if gpu is None and uuid in self._known:
             return GpuStatus(lost=True, gone=True)  # taken off the node
         if gpu is None:
@@ -124,35 +120,36 @@ class SimNvml:
 
     def probe(self, uuid: str) -> GpuReading:
         """The degraded-device signals of the node file (agents.hw.nvml.GpuProbe)."""
-        self._require_init()
-        gpu = self._node.gpu(uuid)
-        if gpu is not None and gpu.nvml_hang_s:
-            _hang(gpu)
-            gpu = self._node.gpu(uuid)
-        if gpu is None:
-            raise BackendError(f"NVML: no GPU with UUID {uuid}")
-        if gpu.lost or gpu.nvml_error == "GpuIsLost":
-            raise BackendError(f"NVML probe of {uuid}: GPU is lost")
+        gpu = self._asked(uuid, "probe")
         if gpu.nvml_error == _ANSWERED:
             return GpuReading()  # every query answers NOT_SUPPORTED
-        if gpu.nvml_error is not None:
-            raise BackendError(f"NVML probe of {uuid}: {gpu.nvml_error}")
         return reading(gpu, len(_links(gpu, self._node)))
 
     def fabric(self, uuid: str) -> Fabric | None:
         """The node file's `fabric` of the GPU (agents.hw.nvml.GpuFabrics)."""
+        gpu = self._asked(uuid, "fabric info")
+        return None if gpu.nvml_error == _ANSWERED else gpu.fabric
+
+    def _after_hang(self, uuid: str) -> GpuSpec | None:
+        """The GPU as the node file has it when a call about it returns (after its hang)."""
         self._require_init()
         gpu = self._node.gpu(uuid)
         if gpu is not None and gpu.nvml_hang_s:
             _hang(gpu)
             gpu = self._node.gpu(uuid)
+        return gpu
+
+    def _asked(self, uuid: str, what: str) -> GpuSpec:
+        """The GPU a query `what` about it is answered from; BackendError as NVML fails
+        it: an unknown, lost or failing GPU (one that answers NotSupported passes)."""
+        gpu = self._after_hang(uuid)
         if gpu is None:
             raise BackendError(f"NVML: no GPU with UUID {uuid}")
         if gpu.lost or gpu.nvml_error == "GpuIsLost":
-            raise BackendError(f"NVML fabric info of {uuid}: GPU is lost")
+            raise BackendError(f"NVML {what} of {uuid}: GPU is lost")
         if gpu.nvml_error not in (None, _ANSWERED):
-            raise BackendError(f"NVML fabric info of {uuid}: {gpu.nvml_error}")
-        return None if gpu.nvml_error == _ANSWERED else gpu.fabric
+            raise BackendError(f"NVML {what} of {uuid}: {gpu.nvml_error}")
+        return gpu
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """XIDs appended since the last call; returns early whenever the node changed."""
