@@ -27,6 +27,7 @@ from hack.benchlib import (
     idle_nvml,
     latency,
     lifecycle,
+    metrics_cost,
     nvml_hang,
     pairing,
 )
@@ -79,6 +80,53 @@ async def dra_run(work: Path, quick: bool, rest_s: float) -> list[Figure]:
     )
 
 
+async def metrics_run(
+    work: Path, quick: bool, rest_s: float, progress: Callable[[str], None]
+) -> list[Figure]:
+    return await metrics_cost.metrics_figures(work, 50 if quick else 300, rest_s, progress)
+
+
+def _part(
+    only: str,
+    root: Path,
+    quick: bool,
+    *,
+    idle_s: float,
+    rest_s: float,
+    progress: Callable[[str], None],
+) -> list[Figure]:
+    """The figures of one `--only` choice."""
+    parts: dict[str, tuple[str, Callable[[], list[Figure]]]] = {
+        "idle-nvml": (
+            f"idle on the real NVML backend, {idle_s:g} s",
+            lambda: asyncio.run(idle_nvml.idle_nvml(root, idle_s)),
+        ),
+        "busy": (
+            "GetPreferredAllocation on partly occupied nodes",
+            lambda: busy.busy_figures(root, 300 if quick else 2000, 100 if quick else 300),
+        ),
+        "apiserver": (
+            "the API server reachable, refused, never answering",
+            lambda: apiserver.apiserver_figures(root, 300 if quick else 2000, 5 if quick else 16),
+        ),
+        "fabric": (
+            "the fabric: LLDP frame -> label, malformed frames",
+            lambda: fabric.fabric_figures(root, 10 if quick else 50),
+        ),
+        "dra": (
+            f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest",
+            lambda: asyncio.run(dra_run(root, quick, rest_s)),
+        ),
+        "metrics": (
+            "/metrics beside the same agent without it",
+            lambda: asyncio.run(metrics_run(root, quick, rest_s, progress)),
+        ),
+    }
+    step, figures = parts[only]
+    progress(step)
+    return figures()
+
+
 def run(
     quick: bool,
     progress: Callable[[str], None],
@@ -90,21 +138,8 @@ def run(
     idle_s = idle_s if idle_s is not None else 5.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         root = Path(tmp)
-        if only == "idle-nvml":
-            progress(f"idle on the real NVML backend, {idle_s:g} s")
-            return asyncio.run(idle_nvml.idle_nvml(root, idle_s))
-        if only == "busy":
-            progress("GetPreferredAllocation on partly occupied nodes")
-            return busy.busy_figures(root, 300 if quick else 2000, 100 if quick else 300)
-        if only == "apiserver":
-            progress("the API server reachable, refused, never answering")
-            return apiserver.apiserver_figures(root, 300 if quick else 2000, 5 if quick else 16)
-        if only == "fabric":
-            progress("the fabric: LLDP frame -> label, malformed frames")
-            return fabric.fabric_figures(root, 10 if quick else 50)
-        if only == "dra":
-            progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
-            return asyncio.run(dra_run(root, quick, rest_s))
+        if only is not None:
+            return _part(only, root, quick, idle_s=idle_s, rest_s=rest_s, progress=progress)
 
         def fresh(name: str) -> Path:
             path = root / name
@@ -130,6 +165,7 @@ def run(
         figures += apiserver.apiserver_figures(fresh("apiserver"), 300 if quick else 2000, rounds)
         progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
         figures += asyncio.run(dra_run(fresh("dra"), quick, rest_s))
+        figures += asyncio.run(metrics_run(fresh("metrics"), quick, rest_s, progress))
         progress("pairing")
         figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
         figures.append(pairing.choice_optimality(300 if quick else 3000))
@@ -168,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor", "degraded"],
+        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor", "degraded", "metrics"],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
         "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
@@ -180,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         "mock NVML; NVIDIA_DEVICE_PLUGIN names NVIDIA's binary; degraded: each degraded-device "
         "signal injected -> GetPreferredAllocation, the DRA health attribute and the Event, "
         "and back after holdS; idle CPU with every signal probed beside the commit before "
-        "them, --idle-s long, default 180 s, 60 s with --quick)",
+        "them, --idle-s long, default 180 s, 60 s with --quick; metrics: /metrics scrape "
+        "time, series, RSS and idle CPU beside the same agent without --metrics-address, "
+        "8 GPUs x 48 replicas and 8 NICs all held, at rest --idle-s, default 60 s, 10 quick)",
     )
     parser.add_argument(
         "--rounds", type=int, help="--only floor: rounds of every process (default 3, 1 quick)"
