@@ -6,6 +6,7 @@ honoured, listed as ignored (to be logged once), or refused.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -60,6 +61,7 @@ SHARED_SUFFIX = ".shared"
 # device in the agent's memory and in the ListAndWatch message the kubelet must take.
 MAX_REPLICAS = 1024  # per GPU or MIG instance, in one sharing.timeSlicing entry
 MAX_SHARED_DEVICES = 16384  # replicas a node advertises, all resources together
+MAX_MPS_REPLICAS = 48  # clients one MPS server takes on Volta and later (NVIDIA's bound)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Flags:
     container_driver_root: str = CONTAINER_DRIVER_ROOT  # where IMEX channels are looked for
     cdi_annotation_prefix: str = CDI_ANNOTATION_PREFIX
     shared_devices_allocation_policy: SharedDevicesPolicy = "distributed"
+    mps_root: str | None = None  # flags.mpsRoot: where MPS pipes, logs and shm live
 
     @property
     def host_dev_root(self) -> str:
@@ -119,7 +122,26 @@ class TimeSlicing:
 
 @dataclass(frozen=True)
 class Sharing:
+    """`sharing`: replicas time-sliced, or served through MPS (`mps` given wins, as in
+    NVIDIA's plugin, whose MPS only runs where some resource has more than one replica)."""
+
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    mps: TimeSlicing | None = None
+
+    @property
+    def replicated(self) -> TimeSlicing:
+        """The replicas served, whichever way they are shared."""
+        return self.time_slicing if self.mps is None else self.mps
+
+    @property
+    def mps_active(self) -> bool:
+        """Whether replicas are served through MPS control daemons."""
+        return self.mps is not None and any(r.replicas > 1 for r in self.mps.resources)
+
+    @property
+    def key(self) -> str:
+        """The config key of the replicas served, as errors name it."""
+        return "sharing.timeSlicing" if self.mps is None else "sharing.mps"
 
 
 @dataclass(frozen=True)
@@ -233,7 +255,8 @@ def _config(raw: object) -> Config:
     top = Section(raw, "", _TOP_KEYS, ignored=[])
     version = top.value("version", _version, "v1")
     flags = _flags(top.section("flags", _FLAG_KEYS))
-    sharing = Sharing(_shared(top.section("sharing", ("timeSlicing", "mps"))))
+    sharing = _shared(top.section("sharing", ("timeSlicing", "mps")))
+    flags = _mps_flags(top.section("flags", _FLAG_KEYS), flags, sharing)
     _ignore_pattern_renames(top.section("resources", ("gpus", "mig")))
     imex = _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
@@ -279,13 +302,13 @@ _DRIVER_ROOT_KEY = "flags.plugin.containerDriverRoot"
 _ROOT_KEYS = ("nvidiaDriverRoot", "nvidiaDevRoot")
 _DRIVER_ENV_KEYS = ("gdsEnabled", "mofedEnabled", "gdrcopyEnabled")
 _INERT_FLAGS: dict[str, Check[object]] = {
-    "mpsRoot": string,
     "useNodeFeatureAPI": boolean,
     "deviceDiscoveryStrategy": one_of(DEVICE_DISCOVERY_STRATEGIES),
 }
 _FLAG_KEYS = (
     *("migStrategy", "failOnInitError", "plugin", "gfd"),
     *(_PLUGIN_KEYS + _ROOT_KEYS + _DRIVER_ENV_KEYS + tuple(_INERT_FLAGS)),
+    "mpsRoot",
 )
 
 
@@ -367,21 +390,46 @@ def _either(flat: Section, plugin: Section, key: str, check: Check[T], default: 
 _REPLICATED_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
 
 
-def _shared(sec: Section) -> TimeSlicing:
-    if sec.has("mps"):
-        _replicated(sec.section("mps", _REPLICATED_KEYS))  # a typo in it is named as such
+def _shared(sec: Section) -> Sharing:
+    """Time-slicing, or MPS: with both, MPS wins and timeSlicing is listed as ignored."""
+    slicing = _replicated(sec.section("timeSlicing", _REPLICATED_KEYS), False, MAX_REPLICAS)
+    if not sec.has("mps"):
+        return Sharing(slicing)
+    mps = _replicated(sec.section("mps", _REPLICATED_KEYS), True, MAX_MPS_REPLICAS)
+    if not mps.resources:  # NVIDIA's plugin: "no resources specified"
+        raise SchemaError("at least one resource to share", sec.at("mps") + ".resources")
+    if sec.has("timeSlicing"):
+        sec.ignored.append(sec.at("timeSlicing"))
+    return Sharing(TimeSlicing(), mps)
+
+
+def _mps_flags(sec: Section, flags: Flags, sharing: Sharing) -> Flags:
+    """flags.mpsRoot, honoured where MPS runs and refused where NVIDIA's plugin v0.20
+    refuses to start: MPS without a root, or with migStrategy mixed."""
+    root = sec.value("mpsRoot", host_root, "")
+    if not sharing.mps_active:
+        sec.ignore("mpsRoot", string)
+        return flags
+    if flags.mig_strategy == "mixed":
         raise SchemaError(
-            "not supported: MPS sharing needs an MPS control daemon, which this agent "
-            "does not run (use sharing.timeSlicing)",
-            sec.at("mps"),
+            "none or single with sharing.mps (MPS is not served with mixed)",
+            sec.at("migStrategy"),
         )
-    return _replicated(sec.section("timeSlicing", _REPLICATED_KEYS))
+    if not root:
+        raise SchemaError(
+            "a host directory for MPS pipes and logs (e.g. /run/nvidia/mps): sharing.mps needs it",
+            sec.at("mpsRoot"),
+        )
+    return dataclasses.replace(flags, mps_root=root)
 
 
-def _replicated(sec: Section) -> TimeSlicing:
+def _replicated(sec: Section, fail_by_default: bool, most: int) -> TimeSlicing:
+    """One way of sharing; MPS fails requests for more than one replica by default."""
     sharing = TimeSlicing(
         rename_by_default=sec.value("renameByDefault", boolean, False),
-        fail_requests_greater_than_one=sec.value("failRequestsGreaterThanOne", boolean, False),
+        fail_requests_greater_than_one=sec.value(
+            "failRequestsGreaterThanOne", boolean, fail_by_default
+        ),
     )
     names: dict[str, str] = {}
     advertised: dict[str, str] = {}
@@ -389,7 +437,7 @@ def _replicated(sec: Section) -> TimeSlicing:
         item = Section(raw, path, ("name", "replicas", "rename", "devices"), sec.ignored)
         entry = TimeSlicedResource(
             name=item.required("name", gpu_resource, "a GPU resource name such as nvidia.com/gpu"),
-            replicas=item.required("replicas", _replicas, "an integer >= 1"),
+            replicas=item.required("replicas", _replicas(most), "an integer >= 1"),
             rename=item.value("rename", shared_name, None),
         )
         chosen: ReplicatedDevices = item.value("devices", devices, "all")
@@ -406,11 +454,14 @@ def _replicated(sec: Section) -> TimeSlicing:
     return sharing
 
 
-def _replicas(value: object) -> int:
-    count = integer(1)(value)
-    if count > MAX_REPLICAS:
-        raise bad(f"at most {MAX_REPLICAS} (replicas per GPU or MIG instance)", value)
-    return count
+def _replicas(most: int) -> Check[int]:
+    def check(value: object) -> int:
+        count = integer(1)(value)
+        if count > most:
+            raise bad(f"at most {most} (replicas per GPU or MIG instance)", value)
+        return count
+
+    return check
 
 
 def _once(seen: dict[str, str], name: str, path: str) -> None:

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.config import Flags
-from agents.core.device import DeviceNode
-from agents.gpu import imex
+from agents.core.device import DeviceNode, Mount
+from agents.gpu import imex, mps_paths
 from agents.gpu.plan import Unit
 from agents.hw.imex_channels import channel_path
 from agents.kernel.edits import ContainerEdits, DeviceNames
@@ -37,6 +37,7 @@ class GpuNodes:
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its capability devices
     dev_root: str = ""
     imex_channels: tuple[int, ...] = ()
+    mps_root: str | None = None  # the host's flags.mpsRoot where replicas are MPS clients
 
 
 def gpu_edits(
@@ -44,7 +45,8 @@ def gpu_edits(
 ) -> ContainerEdits:
     """What a container gets for these units of `resource` together (deviceIDStrategy
     chooses the names; the IMEX channels and the driver features add their names, device
-    nodes, environment and CDI devices, in the order NVIDIA's plugin gives them)."""
+    nodes, environment and CDI devices, in the order NVIDIA's plugin gives them; MPS
+    clients get their daemon's pipe directory and shared memory whatever names them)."""
     by_index = flags.device_id_strategy == "index"
     names = tuple(dict.fromkeys(u.index if by_index else u.visible_id for u in units))
     features = _driver_features(flags)
@@ -62,8 +64,13 @@ def gpu_edits(
     controls = tuple(node(p) for p in CONTROL_DEVICES)
     gpu = {u.id: node(f"/dev/nvidia{where.minors[u.gpu_uuid]}") for u in units}
     caps = {u.id: tuple(node(c) for c in where.mig_caps.get(u.visible_id, ())) for u in units}
+    env = {f"NVIDIA_{mode.upper()}": "enabled" for mode in features}
+    mounts: tuple[Mount, ...] = ()
+    if where.mps_root is not None:
+        env |= mps_paths.client_env(resource)
+        mounts = mps_paths.client_mounts(dev_root + where.mps_root, resource)
     return ContainerEdits(
-        env={f"NVIDIA_{mode.upper()}": "enabled" for mode in features},
+        env=env,
         nodes=(
             *controls,
             *dict.fromkeys(gpu.values()),
@@ -71,6 +78,7 @@ def gpu_edits(
             *(node(channel_path(c)) for c in channels),
         ),
         device_nodes={(resource, u.id): (*controls, gpu[u.id], *caps[u.id]) for u in units},
+        mounts=mounts,
         names=DeviceNames(
             VISIBLE_DEVICES,
             names,

@@ -103,12 +103,13 @@ class GpuFamily:
         options = AllocateOptions(
             flags=self._config.flags,
             fail_requests_greater_than_one=(
-                self._config.sharing.time_slicing.fail_requests_greater_than_one
+                self._config.sharing.replicated.fail_requests_greater_than_one
             ),
             minors={g.uuid: g.minor for g in gpus},
             mig_caps=found.mig_caps,
             dev_root=found.dev_root,
             imex_channels=found.imex_channels,
+            mps_root=self._config.flags.mps_root,
         )
         nvlinks = nvlink_counts(gpus)
         by_uuid = {g.uuid: g for g in gpus}
@@ -345,12 +346,21 @@ class GpuFamily:
     def _xid(self, event: XidEvent, now: float) -> None:
         if all(g.uuid != event.uuid for g in self.gpus):
             return  # not a GPU this agent serves
+        self._count_xid(event)
         new = self._health.xid(event.uuid, event.xid, now)
         critical = is_critical(event.xid, self._config.health.disabled_xids)
         # The same critical XID again (an ECC count that keeps growing) is no news.
         level = log.info if new or not critical else log.debug
         fields = {"gpu": event.uuid, "xid": event.xid, "critical": critical}
         level("xid_event", **fields)
+
+    def _count_xid(self, event: XidEvent) -> None:
+        """Every XID to the metrics, under each resource that serves its GPU."""
+        if self._sink is None:
+            return
+        for resource in self._resources:
+            if any(u.gpu_uuid == event.uuid for u in resource.plan.units):
+                self._sink.xid(resource.name, event.uuid, event.xid)
 
     def _publish(self, now: float) -> None:
         """Evaluate every GPU's health; push it to the resources only when it changed.

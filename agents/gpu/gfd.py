@@ -82,9 +82,10 @@ async def keep_fabrics(
 
 def sharing(config: Config) -> Sharing:
     """The config's sharing as GFD reads it: renames are ignored, renameByDefault kept."""
-    slicing = config.sharing.time_slicing
+    slicing = config.sharing.replicated
     replicas = {r.name: r.replicas for r in slicing.resources}
     strategy = "time-slicing" if any(n > 1 for n in replicas.values()) else "none"
+    strategy = "mps" if config.sharing.mps_active else strategy
     return Sharing(strategy, replicas, slicing.rename_by_default)
 
 

@@ -128,7 +128,11 @@ class GpuKind:
         ignored = [
             key
             for key, set_ in (
-                ("sharing.timeSlicing", config.sharing != default.sharing),
+                (
+                    "sharing.timeSlicing",
+                    config.sharing.time_slicing != default.sharing.time_slicing,
+                ),
+                ("sharing.mps", config.sharing.mps is not None),
                 ("migStrategy", flags.mig_strategy != default.flags.mig_strategy),
                 (
                     "deviceListStrategy",
@@ -142,7 +146,9 @@ class GpuKind:
         ]
         for key in ignored:
             log.warning("dra_ignores_key", key=key, family=self.name)
-        named = dataclasses.replace(flags, mig_strategy="mixed", device_id_strategy="uuid")
+        named = dataclasses.replace(
+            flags, mig_strategy="mixed", device_id_strategy="uuid", mps_root=None
+        )
         return dataclasses.replace(config, flags=named, sharing=Sharing(), imex=Imex())
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:

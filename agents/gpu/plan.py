@@ -35,6 +35,7 @@ class ResourcePlan:
     name: str
     units: tuple[Unit, ...]
     replicated: bool
+    mps: bool = False  # replicas served through an MPS control daemon
 
 
 def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[ResourcePlan]:
@@ -43,13 +44,14 @@ def plan_resources(gpus: Sequence[Gpu], config: Config, source: str) -> list[Res
     for name, unit in _base_units(gpus, config, source):
         groups.setdefault(name, []).append(unit)
     _check_shared_total(groups, config, source)  # before any replica is made
+    _check_mps(gpus, groups, config, source)
     plans = [_shared(name, units, config) for name, units in sorted(groups.items())]
     names = [p.name for p in plans]
     for name in sorted({n for n in names if names.count(n) > 1}):
         # A rename onto a name the node already offers would serve two plugins as one.
         raise ConfigError(
             source,
-            "sharing.timeSlicing.resources[].rename",
+            f"{config.sharing.key}.resources[].rename",
             f"a name no other GPU resource of this node has; {name} is offered twice",
         )
     return plans
@@ -59,17 +61,35 @@ def _check_shared_total(groups: dict[str, list[Unit]], config: Config, source: s
     """Refuse more time-sliced devices than a node serves within its memory limit; the
     entry that goes past the bound is named."""
     total = 0
-    for i, entry in enumerate(config.sharing.time_slicing.resources):
+    for i, entry in enumerate(config.sharing.replicated.resources):
         devices = len(groups.get(entry.name, ()))
         total += devices * entry.replicas
         if total > MAX_SHARED_DEVICES:
             raise ConfigError(
                 source,
-                f"sharing.timeSlicing.resources[{i}].replicas",
+                f"{config.sharing.key}.resources[{i}].replicas",
                 f"at most {MAX_SHARED_DEVICES} time-sliced devices on a node; "
                 f"{entry.replicas} replicas of each of {devices} {entry.name} devices "
                 f"bring this node to {total}",
             )
+
+
+def _check_mps(
+    gpus: Sequence[Gpu], groups: dict[str, list[Unit]], config: Config, source: str
+) -> None:
+    """Refuse MPS on GPUs in MIG mode, as NVIDIA's plugin v0.20 refuses to start."""
+    if not config.sharing.mps_active:
+        return
+    mig = {g.uuid for g in gpus if g.mig_enabled}
+    shared = [r.name for r in config.sharing.replicated.resources]
+    found = sorted({u.gpu_uuid for n in shared for u in groups.get(n, ()) if u.gpu_uuid in mig})
+    if found:
+        raise ConfigError(
+            source,
+            "sharing.mps",
+            "GPUs without MIG mode: MPS does not share MIG devices; MIG is enabled on "
+            + ", ".join(found),
+        )
 
 
 def _base_units(gpus: Sequence[Gpu], config: Config, source: str) -> list[tuple[str, Unit]]:
@@ -115,7 +135,7 @@ def _check_single(gpus: Sequence[Gpu], source: str) -> bool:
 
 
 def _shared(name: str, units: list[Unit], config: Config) -> ResourcePlan:
-    sharing = config.sharing.time_slicing
+    sharing = config.sharing.replicated
     entry = sharing.replicas_for(name)
     if entry is None:
         return ResourcePlan(name, tuple(units), replicated=False)
@@ -128,4 +148,4 @@ def _shared(name: str, units: list[Unit], config: Config) -> ResourcePlan:
         for u in units
         for n in range(entry.replicas)
     )
-    return ResourcePlan(renamed, replicas, replicated=True)
+    return ResourcePlan(renamed, replicas, replicated=True, mps=config.sharing.mps_active)

@@ -34,6 +34,7 @@ class AllocateOptions:
     mig_caps: Mapping[str, tuple[str, ...]]  # MIG UUID -> its /dev/nvidia-caps devices
     dev_root: str  # "" on a real node; the simulator's root on a simulated one
     imex_channels: tuple[int, ...] = ()  # the IMEX channels every container gets
+    mps_root: str | None = None  # flags.mpsRoot, where MPS is served
 
 
 def whole_gpus(plan: ResourcePlan) -> bool:
@@ -68,7 +69,11 @@ class GpuResource:
         self._pair_costs: PairCosts | None = None
         self._replicas: _Replicas | None = None
         self._nodes = GpuNodes(
-            options.minors, options.mig_caps, options.dev_root, options.imex_channels
+            options.minors,
+            options.mig_caps,
+            options.dev_root,
+            options.imex_channels,
+            options.mps_root if plan.mps else None,
         )
         # What a container gets, by device IDs in the order given (see `edits`).
         self._answers: dict[tuple[str, ...], ContainerEdits] = {}
@@ -89,7 +94,8 @@ class GpuResource:
     def definition(self) -> Hashable:
         """Devices and what Allocate hands out: a change registers the resource again."""
         options = self._options
-        return listed(self._inventory), options.flags, options.fail_requests_greater_than_one
+        fail_over_one = options.fail_requests_greater_than_one
+        return listed(self._inventory), options.flags, fail_over_one, self.plan.mps
 
     @property
     def inventory(self) -> Inventory:

@@ -361,6 +361,47 @@ def test_replicas_up_to_the_documented_bound_are_accepted() -> None:
     assert f"at most {MAX_REPLICAS}" in reference
 
 
+MPS = """\
+flags: {mpsRoot: /run/nvidia/mps}
+sharing:
+  mps:
+    renameByDefault: true
+    resources: [{name: nvidia.com/gpu, replicas: 4}]
+"""
+
+
+def test_mps_sharing_is_honoured_with_its_root_and_fails_requests_over_one() -> None:
+    config = parse_config(MPS, "c.yaml")
+    assert config.sharing.mps_active
+    assert config.flags.mps_root == "/run/nvidia/mps"
+    mps = config.sharing.replicated
+    assert mps.fail_requests_greater_than_one  # MPS's default, unlike time-slicing's
+    assert mps.advertised_name("nvidia.com/gpu") == "nvidia.com/gpu.shared"
+    assert config.sharing.key == "sharing.mps"
+    assert config.ignored_keys == ()
+
+
+def test_mps_wins_over_time_slicing_which_is_listed_as_ignored() -> None:
+    text = MPS + "  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
+    config = parse_config(text, "c.yaml")
+    assert config.sharing.replicated.resources[0].replicas == 4
+    assert config.sharing.time_slicing.resources == ()
+    assert config.ignored_keys == ("sharing.timeSlicing",)
+
+
+def test_mps_with_one_replica_runs_no_daemon_and_needs_no_root() -> None:
+    text = "sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 1}]}}\n"
+    config = parse_config(text, "c.yaml")
+    assert not config.sharing.mps_active
+    assert config.flags.mps_root is None
+    assert config.sharing.replicated.fail_requests_greater_than_one
+
+
+def test_mps_may_fail_requests_over_one_no_longer() -> None:
+    text = MPS.replace("renameByDefault: true", "failRequestsGreaterThanOne: false")
+    assert not parse_config(text, "c.yaml").sharing.replicated.fail_requests_greater_than_one
+
+
 def test_roce_pairing_and_health_settings_are_read() -> None:
     config = parse_config(
         "roce:\n  resourceName: example.com/roce\n  selectors:\n"
@@ -507,12 +548,26 @@ BAD = [
         "a GPU index or UUID",
     ),
     (
-        "mps-resources",
+        "mps-without-root",
         "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
-        "sharing.mps",
-        "not supported: MPS sharing needs an MPS control daemon",
+        "flags.mpsRoot",
+        "a host directory for MPS pipes and logs",
     ),
-    ("mps-empty", "sharing: {mps: {}}\n", "sharing.mps", "not supported"),
+    (
+        "mps-with-mixed",
+        "flags: {migStrategy: mixed, mpsRoot: /run/nvidia/mps}\n"
+        "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
+        "flags.migStrategy",
+        "none or single with sharing.mps",
+    ),
+    (
+        "mps-more-than-an-mps-server-takes",
+        "flags: {mpsRoot: /run/nvidia/mps}\n"
+        "sharing: {mps: {resources: [{name: gpu, replicas: 49}]}}\n",
+        "sharing.mps.resources[0].replicas",
+        "at most 48",
+    ),
+    ("mps-empty", "sharing: {mps: {}}\n", "sharing.mps.resources", "at least one resource"),
     (
         "mps-typo-named-first",
         "sharing: {mps: {resource: []}}\n",

@@ -139,3 +139,32 @@ def test_each_device_names_its_own_nodes_beside_the_shared_ones() -> None:
         ("nvidia.com/gpu", "GPU-b"): [*CONTROL, "/dev/nvidia4"],
     }
     assert edits.named_env() == {"NVIDIA_VISIBLE_DEVICES": "GPU-a,GPU-b"}
+
+
+@pytest.mark.parametrize("lists", COMBINATIONS, ids=["+".join(sorted(c)) for c in COMBINATIONS])
+def test_mps_clients_get_the_pipe_and_shm_of_their_resource_whatever_names_the_gpus(
+    lists: frozenset[str],
+) -> None:
+    flags = Flags(device_list_strategy=lists, mps_root="/run/nvidia/mps")
+    where = GpuNodes(MINORS, {}, "/sim", mps_root="/run/nvidia/mps")
+    edits = gpu_edits("nvidia.com/gpu.shared", UNITS[:1], flags, where)
+    got = wire.allocation_message(edits, flags)
+    assert got.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu.shared/pipe"
+    mps_mounts = [(m.container_path, m.host_path, m.read_only) for m in got.mounts][:2]
+    assert mps_mounts == [
+        (
+            "/mps/nvidia.com/gpu.shared/pipe",
+            "/sim/run/nvidia/mps/nvidia.com/gpu.shared/pipe",
+            False,
+        ),
+        ("/dev/shm", "/sim/run/nvidia/mps/shm", False),
+    ]
+
+
+def test_gpus_not_shared_through_mps_get_no_mps_variable_nor_mount() -> None:
+    flags = Flags(mps_root="/run/nvidia/mps")
+    got = wire.allocation_message(
+        gpu_edits("nvidia.com/gpu", UNITS, flags, GpuNodes(MINORS, {})), flags
+    )
+    assert not any(k.startswith("CUDA_MPS") for k in got.envs)
+    assert list(got.mounts) == []

@@ -250,3 +250,26 @@ def test_more_time_sliced_devices_than_the_node_bound_is_a_config_error_naming_t
     assert err.value.key == "sharing.timeSlicing.resources[1].replicas"
     assert err.value.expected.startswith(f"at most {MAX_SHARED_DEVICES} time-sliced devices")
     assert "21 nvidia.com/mig-1g.10gb devices bring this node to 21504" in err.value.expected
+
+
+MPS = (
+    "flags: {mpsRoot: /run/nvidia/mps%s}\n"
+    "sharing: {mps: {%sresources: [{name: nvidia.com/gpu, replicas: 2}]}}\n"
+)
+
+
+def test_mps_replicas_are_named_as_time_sliced_ones_and_served_through_mps() -> None:
+    (shared,) = plan(TWO_WHOLE, MPS % ("", "renameByDefault: true, "))
+    assert shared.name == "nvidia.com/gpu.shared"
+    assert [u.id for u in shared.units] == ["GPU-0::0", "GPU-0::1", "GPU-1::0", "GPU-1::1"]
+    assert shared.replicated and shared.mps
+    (sliced_,) = plan(TWO_WHOLE, sliced(2))
+    assert not sliced_.mps
+
+
+@pytest.mark.parametrize("strategy", ["none", "single"])
+def test_mps_on_a_gpu_in_mig_mode_is_a_config_error_naming_sharing_mps(strategy: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        plan(ONE_PROFILE, MPS % (f", migStrategy: {strategy}", ""))
+    assert err.value.key == "sharing.mps"
+    assert "MIG is enabled on GPU-0, GPU-1" in str(err.value)
