@@ -62,6 +62,10 @@ class HealthSink(Protocol):
         (agents/core/readings.py makes them from a GPU's or a NIC's reading)."""
         ...
 
+    def xid(self, resource: str, device: str, xid: int) -> None:
+        """Each XID delivered for a GPU, repeats and application XIDs too, to be counted."""
+        ...
+
 
 @dataclass(frozen=True)
 class Context:

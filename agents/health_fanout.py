@@ -49,6 +49,10 @@ class HealthFanout:
         """One probe's readings of a device, whatever its verdict: to the metrics only."""
         self._telemetry.readings(resource, device, values)
 
+    def xid(self, resource: str, device: str, xid: int) -> None:
+        """An XID of a device, whether or not it changes its health: to the metrics only."""
+        self._telemetry.xid(resource, device, xid)
+
     def _tell(self, state: DeviceHealth) -> None:
         where = {"resource": state.resource, "device": state.device_id, "where": state.where}
         if state.cause is None:

@@ -85,6 +85,12 @@ class Metrics:
             ["resource", "reason"],
             registry=self.registry,
         )
+        self.xids = Counter(
+            "node_agent_gpu_xid_errors",
+            "XID events NVML delivered for the GPU, by XID (DCGM_FI_DEV_XID_ERRORS counted)",
+            ["resource", "device", "xid"],
+            registry=self.registry,
+        )
         self.degraded = Gauge(
             "node_agent_device_degraded",
             "Whether the signal of the device is out of limits now (1) or was and is no more (0)",
@@ -165,6 +171,9 @@ class Metrics:
                     gauge.remove(resource, device)  # not offered: no series
             else:
                 gauge.labels(resource, device).set(value)
+
+    def xid(self, resource: str, device: str, xid: int) -> None:
+        self.xids.labels(resource, device, str(xid)).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,6 +29,10 @@ class Telemetry(Protocol):
         READINGS); None: not offered."""
         ...
 
+    def xid(self, resource: str, device: str, xid: int) -> None:
+        """An XID NVML delivered for a GPU, whatever it did to the GPU's health."""
+        ...
+
 
 class NoTelemetry:
     def rpc_done(self, resource: str, method: str, seconds: float, code: str) -> None:
@@ -47,4 +51,7 @@ class NoTelemetry:
         pass
 
     def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
+        pass
+
+    def xid(self, resource: str, device: str, xid: int) -> None:
         pass

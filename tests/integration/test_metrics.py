@@ -214,6 +214,29 @@ async def test_injected_xid_79_turns_one_gpu_unhealthy_and_counts_the_event(
     assert value(metrics, "node_agent_health_events_total", **events) == 1
 
 
+async def test_every_xid_is_counted_by_gpu_and_xid_also_those_that_change_no_health(
+    running: Scrapeable,
+) -> None:
+    gpus = running_family(running.agent, GpuFamily).gpus
+    victim, bystander = gpus[3].uuid, gpus[5].uuid
+    await running.inject_xid(3, 79)
+    await running.kubelet.wait_until(lambda k: health(k, victim) == "Unhealthy", WAIT)
+    await running.inject_xid(3, 79)  # again, on a GPU already Unhealthy for it
+    await running.inject_xid(5, 13)  # an application's XID: the GPU stays Healthy
+
+    def xids(gpu: str, xid: int, metrics: Mapping[str, Metric]) -> float | None:
+        labels = {"resource": GPU_RESOURCE, "device": gpu, "xid": str(xid)}
+        return value(metrics, "node_agent_gpu_xid_errors_total", **labels)
+
+    metrics = await running.metrics_until(
+        lambda m: xids(victim, 79, m) == 2 and xids(bystander, 13, m) == 1, "every XID counted"
+    )
+    assert xids(victim, 13, metrics) is None and xids(bystander, 79, metrics) is None
+    assert health(running.kubelet, bystander) == "Healthy"
+    events = {"resource": GPU_RESOURCE, "reason": "xid=79"}
+    assert value(metrics, "node_agent_health_events_total", **events) == 1
+
+
 async def test_a_degraded_gpu_published_by_the_agent_is_scraped_with_its_figures(
     running: Scrapeable,
 ) -> None:
