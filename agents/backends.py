@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agents.errors import BackendError
+from agents.hw.mps_control import MpsControl, MpsControlBinary
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 
@@ -32,6 +33,7 @@ class Backends:
     dev_root: Path | None = None  # where device nodes live; None = the host's /
     simulated: SimulatedNode | None = None
     lldp: NeighbourSource | None = None  # None: no LLDP is listened to
+    mps: MpsControl | None = None  # None: no MPS control program on this node
 
 
 class LinksOnFirstUse:
@@ -77,7 +79,8 @@ def real_backends() -> Backends:
     from agents.hw.lldp_listener import LldpListener
     from agents.hw.nvml_backend import NvmlBackend
 
-    return Backends(NvmlBackend(), Sysfs(), LinksOnFirstUse(), lldp=LldpListener())
+    mps = MpsControlBinary.find()
+    return Backends(NvmlBackend(), Sysfs(), LinksOnFirstUse(), lldp=LldpListener(), mps=mps)
 
 
 def sim_root_parent() -> str | None:
@@ -107,7 +110,13 @@ async def simulated_backends(
             node = SimulatedNode(node_file, root, host_links=host_links, host_lldp=host_lldp)
             node.load()
             yield Backends(
-                node.nvml, node.sysfs, node.links, node.dev_root, node, lldp=node.neighbours
+                node.nvml,
+                node.sysfs,
+                node.links,
+                node.dev_root,
+                node,
+                lldp=node.neighbours,
+                mps=node.mps,
             )
     finally:
         host_links.close()

@@ -22,6 +22,7 @@ EVENT_WAIT_S = 5.0
 # asked again this often which pods still run: a pod's end is seen within it.
 HELD_CLAIMS_POLL_S = 5.0  # device-plugin mode: which DRA claims' pods still run
 HELD_PODS_POLL_S = 5.0  # DRA mode: which device-plugin pods still hold devices
+MPS_RESTART_S = 5.0  # a dead MPS control daemon's devices stay Unhealthy at least this long
 HOLDERS_POLL_S = 10.0  # with metrics: which pod holds each device (and at every scrape)
 
 
@@ -37,6 +38,7 @@ class Timing:
     held_claims_poll_s: float = HELD_CLAIMS_POLL_S
     held_pods_poll_s: float = HELD_PODS_POLL_S
     holders_poll_s: float = HOLDERS_POLL_S
+    mps_restart_s: float = MPS_RESTART_S  # an MPS control daemon down this long is restarted
 
 
 PRODUCTION = Timing()

@@ -19,7 +19,7 @@ from agents.core.topology import Distance, PciLocation
 from agents.core.xid import GpuHealth, HealthPolicy, is_critical
 from agents.errors import BackendError
 from agents.family import Family, HealthSink, Located
-from agents.gpu import dra
+from agents.gpu import dra, mps
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.found import GpusFound
 from agents.gpu.gfd import GfdLabels, keep_fabrics
@@ -93,6 +93,8 @@ class GpuFamily:
         self._gfd = GfdLabels(config, found.driver, found.machine, found.vgpus)
         self._fabrics = dict(found.fabrics)  # GPU UUID -> its NVLink fabric, kept current
         self._kick = asyncio.Event()  # probe now: the event wait returned early
+        self._mps = found.mps
+        self._mps_restart_s = timing.mps_restart_s
 
     def _build(
         self, found: GpusFound, pairing: PairingSide | None
@@ -218,6 +220,13 @@ class GpuFamily:
                         loops.create_task(self._read_signals())
                     fabrics = keep_fabrics(self._nvml, self._fabrics, self._signal_s, self._fabric)
                     loops.create_task(fabrics)
+                    if self._mps is not None:
+                        changed = lambda: self._publish(self._clock())  # noqa: E731
+                        loops.create_task(
+                            mps.watch(
+                                self._mps, self._probe_s, self._mps_restart_s, self._clock, changed
+                            )
+                        )
         finally:
             await self.close()
 
@@ -362,6 +371,9 @@ class GpuFamily:
             if any(u.gpu_uuid == event.uuid for u in resource.plan.units):
                 self._sink.xid(resource.name, event.uuid, event.xid)
 
+    def _mps_cause(self, uuid: str) -> Cause | None:
+        return None if self._mps is None else self._mps.cause(uuid)
+
     def _publish(self, now: float) -> None:
         """Evaluate every GPU's health; push it to the resources only when it changed.
 
@@ -373,7 +385,8 @@ class GpuFamily:
             if gpu.uuid in self._gone:
                 continue
             # Unhealthy for an XID, lost, ...: that wins over any signal.
-            cause = self._health.cause(gpu.uuid, now) or self._signals.cause(gpu.uuid)
+            cause = self._health.cause(gpu.uuid, now) or self._mps_cause(gpu.uuid)
+            cause = cause or self._signals.cause(gpu.uuid)
             grades[gpu.uuid] = Grade.HEALTHY if cause is None else cause.grade
             self._causes[gpu.uuid] = cause
         self._healthy = {u: g is not Grade.UNHEALTHY for u, g in grades.items()}

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from agents.core.gfd_facts import Fabric, VgpuHost
 from agents.gpu.discovery import DriverVersions, Gpu
+from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import ResourcePlan
 
 
@@ -26,3 +27,4 @@ class GpusFound:
     vgpus: tuple[VgpuHost, ...] | None = None  # None: PCI config space unreadable
     fabrics: dict[str, Fabric | None] = field(default_factory=dict)  # by GPU UUID
     imex_channels: tuple[int, ...] = ()  # the configured IMEX channels the node has
+    mps: MpsDaemons | None = None  # the MPS-shared resources' control daemons, started

@@ -20,7 +20,9 @@ from agents.gpu.family import GpuFamily
 from agents.gpu.found import GpusFound
 from agents.gpu.gfd import read_fabrics, vgpus
 from agents.gpu.imex import imex_channels
+from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import plan_resources
+from agents.hw.mps_control import MpsControl
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
 from agents.hw.nvml_calls import waited
@@ -33,7 +35,13 @@ SHUTDOWN_WAIT_S = 1.5  # how long giving NVML back waits for it
 
 
 def discover_gpus(
-    nvml: Nvml, sysfs: Sysfs, config: Config, source: str, dev_root: Path | None = None
+    nvml: Nvml,
+    sysfs: Sysfs,
+    config: Config,
+    source: str,
+    dev_root: Path | None = None,
+    *,
+    mps_control: MpsControl | None = None,
 ) -> GpusFound:
     """Blocking. Raises BackendError or ConfigError, holding nothing then."""
     root = "" if dev_root is None else str(dev_root)
@@ -54,6 +62,8 @@ def discover_gpus(
         fabrics = waited(
             lambda: read_fabrics(nvml, [g.uuid for g in gpus]), START_WAIT_S, "fabric info"
         )
+        mps = MpsDaemons(mps_control, root + (flags.mps_root or ""), plans, gpus)
+        mps.ensure()  # before any of its resources is served
     except BaseException:
         give_back(nvml)
         raise
@@ -69,6 +79,7 @@ def discover_gpus(
         vgpus=vgpus(sysfs),
         fabrics=fabrics,
         imex_channels=channels,
+        mps=mps if mps.daemons else None,
     )
 
 
@@ -117,7 +128,14 @@ class GpuKind:
     pairs_as: str | None = GPU
 
     def discover(self, config: Config, backends: Backends, source: str) -> GpusFound:
-        return discover_gpus(backends.nvml, backends.sysfs, config, source, backends.dev_root)
+        return discover_gpus(
+            backends.nvml,
+            backends.sysfs,
+            config,
+            source,
+            backends.dev_root,
+            mps_control=backends.mps,
+        )
 
     def named_devices(self, config: Config) -> Config:
         """Under DRA a MIG-enabled GPU offers its instances and any other GPU itself, each

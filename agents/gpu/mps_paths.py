@@ -6,11 +6,10 @@ from __future__ import annotations
 import posixpath
 
 from agents.core.device import Mount
+from agents.hw.mps_control import PIPE_VARIABLE
 
 CONTAINER_ROOT = "/mps"  # where a container sees the root (NVIDIA's daemon container too)
 SHM_IN_CONTAINER = "/dev/shm"
-PIPE_VARIABLE = "CUDA_MPS_PIPE_DIRECTORY"
-LOG_VARIABLE = "CUDA_MPS_LOG_DIRECTORY"
 
 
 def pipe_dir(root: str, resource: str) -> str:

@@ -47,7 +47,7 @@ def parse_node(text: str, source: str) -> NodeSpec:
     f = Fields(source)
     if doc is None:  # also what a reader sees while a writer has just truncated the file
         f.fail("<document>", "a node: a mapping of numaNodes, gpus, nics (the file is empty)")
-    top = f.mapping(doc, "", {"numaNodes", "nvswitch", "machine", "imex", "gpus", "nics"})
+    top = f.mapping(doc, "", {"numaNodes", "nvswitch", "machine", "imex", "mps", "gpus", "nics"})
     gpu_docs = f.items(top, "", "gpus")
     nic_docs = f.items(top, "", "nics")
     gpus = tuple(_gpu(f, m, f"gpus[{i}]", i) for i, m in enumerate(gpu_docs))
@@ -56,9 +56,11 @@ def parse_node(text: str, source: str) -> NodeSpec:
     numas = [d.numa for d in devices if d.numa is not None]
     numa_nodes = f.integer(top, "", "numaNodes", max(numas, default=0) + 1, minimum=0)
     machine = f.optional_string(top, "", "machine", r"[^\x00\n]{1,255}", "a DMI product name")
-    node = NodeSpec(
-        numa_nodes, gpus, nics, f.boolean(top, "", "nvswitch", False), machine, _imex(f, top)
+    nvswitch = f.boolean(top, "", "nvswitch", False)
+    mps = f.boolean(
+        f.mapping(top.get("mps") or {}, "mps", {"available"}), "mps", "available", False
     )
+    node = NodeSpec(numa_nodes, gpus, nics, nvswitch, machine, _imex(f, top), mps)
     check_node(f, node)
     return node
 

@@ -12,9 +12,11 @@ import structlog
 from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch
 from agents.hw.lldp import NeighbourSource
+from agents.hw.mps_control import MpsControlBinary
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.sim.links import SimLinkMonitor
+from agents.sim.mps_control import install_twin
 from agents.sim.neighbours import SimNeighbourSource
 from agents.sim.node import parse_node
 from agents.sim.nvml import SimNvml
@@ -47,6 +49,7 @@ class SimulatedNode:
         self._nvml: SimNvml | None = None
         self._links: SimLinkMonitor | None = None
         self._neighbours: SimNeighbourSource | None = None
+        self.mps: MpsControlBinary | None = None  # the twin, where the node has MPS
         self._applied = asyncio.Event()
         self.watching = asyncio.Event()  # set once run() sees every later edit
 
@@ -82,6 +85,8 @@ class SimulatedNode:
             ) from exc
         spec = parse_node(text, str(self.node_file))
         self.tree.apply(spec)
+        if spec.mps_available:
+            self.mps = MpsControlBinary(str(install_twin(self.dev_root)))
         self._nvml = SimNvml(spec)
         self._links = SimLinkMonitor(spec, self._host_links)
         self._neighbours = SimNeighbourSource(spec, self._host_lldp, self._on_host)

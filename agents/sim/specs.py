@@ -69,6 +69,7 @@ class NodeSpec:
     nvswitch: bool = False  # the GPUs' NVLinks end at NVSwitches (HGX/DGX)
     machine: str | None = None  # DMI product name; None: no /sys/class/dmi/id/product_name
     imex_channels: tuple[int, ...] = ()  # /dev/nvidia-caps-imex-channels/channel<N>
+    mps_available: bool = False  # the twin of nvidia-cuda-mps-control is on the root's PATH
 
     @property
     def devices(self) -> tuple[GpuSpec | NicSpec, ...]:

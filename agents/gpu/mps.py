@@ -1,0 +1,189 @@
+"""The MPS control daemons of MPS-shared resources, one per resource as NVIDIA's plugin
+v0.20 runs them: started (or adopted, when one already answers) before the resource is
+served, each replica limited as NVIDIA's daemon limits it, and watched."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from agents.core.health import Cause, Taint
+from agents.errors import BackendError
+from agents.gpu import mps_paths
+from agents.gpu.discovery import Gpu
+from agents.gpu.plan import ResourcePlan
+from agents.hw.mps_control import MpsControl
+
+log = structlog.get_logger(__name__)
+
+PROBE = "get_default_active_thread_percentage"  # what NVIDIA's plugin asks to see it is up
+
+
+@dataclass(frozen=True)
+class MpsDaemonDown(Cause):
+    """The resource's MPS control daemon does not answer: its clients cannot connect."""
+
+    resource: str
+
+    @property
+    def label(self) -> str:
+        return "mps_daemon_down"
+
+    def text(self) -> str:
+        return f"MPS control daemon (nvidia-cuda-mps-control) of {self.resource} not running"
+
+    def taint(self, driver: str) -> Taint:
+        return Taint(f"{driver}/mps-daemon-down")
+
+
+@dataclass(frozen=True)
+class Daemon:
+    resource: str
+    pipe_dir: str
+    log_dir: str
+    commands: tuple[str, ...]  # the per-replica limits, as NVIDIA's daemon sets them
+    gpus: frozenset[str]  # the UUIDs of the GPUs it serves
+
+
+def limits(plan: ResourcePlan, gpus: Sequence[Gpu]) -> tuple[str, ...]:
+    """1/replicas of each GPU's memory (by index, in MiB) and 100/replicas % of its SMs."""
+    by_uuid = {g.uuid: g for g in gpus}
+    replicas: dict[str, int] = {}
+    for unit in plan.units:
+        replicas[unit.gpu_uuid] = replicas.get(unit.gpu_uuid, 0) + 1
+    commands = [
+        f"set_default_device_pinned_mem_limit {by_uuid[u].index} {by_uuid[u].memory_mib // n}M"
+        for u, n in replicas.items()
+        if by_uuid[u].memory_mib
+    ]
+    if replicas:  # NVIDIA's: replicas per GPU from the resource's totals
+        per_gpu = len(plan.units) // len(replicas)
+        commands.append(f"set_default_active_thread_percentage {100 // per_gpu}")
+    return tuple(commands)
+
+
+class MpsDaemons:
+    """Blocking calls all; `root` is flags.mpsRoot as the agent sees it."""
+
+    def __init__(
+        self,
+        control: MpsControl | None,
+        root: str,
+        plans: Sequence[ResourcePlan],
+        gpus: Sequence[Gpu],
+    ) -> None:
+        self._control = control
+        self._shm = mps_paths.shm_dir(root)
+        self.daemons = tuple(
+            Daemon(
+                p.name,
+                mps_paths.pipe_dir(root, p.name),
+                mps_paths.log_dir(root, p.name),
+                limits(p, gpus),
+                frozenset(u.gpu_uuid for u in p.units),
+            )
+            for p in plans
+            if p.mps
+        )
+        self.down: set[str] = set()  # resources whose daemon did not answer last
+
+    def ensure(self) -> None:
+        """Adopt each daemon that answers, start the others; one that will not start is
+        down (its devices Unhealthy), not an error."""
+        for daemon in self.daemons:
+            self._ensure(daemon)
+
+    def _ensure(self, daemon: Daemon) -> None:
+        if self._answers(daemon):
+            log.info("mps_daemon_adopted", resource=daemon.resource, pipe_dir=daemon.pipe_dir)
+            self.down.discard(daemon.resource)
+            return
+        if self._control is None:
+            log.warning(
+                "mps_daemon_unavailable",
+                resource=daemon.resource,
+                reason="no " + "nvidia-cuda-mps-control",
+            )
+            self.down.add(daemon.resource)
+            return
+        try:
+            os.makedirs(self._shm, exist_ok=True)  # the clients' /dev/shm
+            self._control.start(daemon.pipe_dir, daemon.log_dir)
+            for command in daemon.commands:
+                self._control.send(daemon.pipe_dir, daemon.log_dir, command)
+        except (BackendError, OSError) as exc:
+            log.warning("mps_daemon_unavailable", resource=daemon.resource, reason=str(exc))
+            self.down.add(daemon.resource)
+            return
+        log.info(
+            "mps_daemon_started",
+            resource=daemon.resource,
+            pipe_dir=daemon.pipe_dir,
+            limits=list(daemon.commands),
+        )
+        self.down.discard(daemon.resource)
+
+    def probe(self) -> bool:
+        """Ask each daemon whether it runs; restart the ones down. True if any changed."""
+        before = set(self.down)
+        for daemon in self.daemons:
+            if self._answers(daemon):
+                self.down.discard(daemon.resource)
+                continue
+            if daemon.resource not in before:
+                log.warning("mps_daemon_down", resource=daemon.resource, pipe_dir=daemon.pipe_dir)
+            self.down.add(daemon.resource)
+        return self.down != before
+
+    def restart(self) -> bool:
+        """Start again each daemon that is down; True if any came back."""
+        before = set(self.down)
+        for daemon in self.daemons:
+            if daemon.resource in before:
+                self._ensure(daemon)
+        return self.down != before
+
+    def cause(self, uuid: str) -> Cause | None:
+        """Why the GPU's replicas are Unhealthy: its daemon down; None when it runs."""
+        for daemon in self.daemons:
+            if daemon.resource in self.down and uuid in daemon.gpus:
+                return MpsDaemonDown(daemon.resource)
+        return None
+
+    def _answers(self, daemon: Daemon) -> bool:
+        if self._control is None:
+            return False
+        try:
+            self._control.send(daemon.pipe_dir, daemon.log_dir, PROBE)
+        except BackendError:
+            return False
+        return True
+
+
+async def watch(
+    mps: MpsDaemons,
+    probe_s: float,
+    restart_s: float,
+    clock: Callable[[], float],
+    changed: Callable[[], None],
+) -> None:
+    """Probe the daemons every `probe_s` (off the loop); one down for `restart_s` is
+    started again. `changed` is called on the loop whenever one goes or comes back."""
+    down_since: float | None = None
+    while True:
+        if await asyncio.to_thread(mps.probe):
+            changed()
+        if not mps.down:
+            down_since = None
+        elif down_since is None:
+            down_since = clock()
+        elif clock() - down_since >= restart_s:
+            log.info("mps_daemon_restarting", resources=sorted(mps.down))
+            if await asyncio.to_thread(mps.restart):
+                changed()
+            down_since = clock() if mps.down else None
+        await asyncio.sleep(probe_s)  # the probe period, a timer

@@ -1,0 +1,152 @@
+"""MPS-shared GPUs on a simulated node with `mps: {available: true}`, through the kubelet
+stand-in: replicas registered, Allocate's pipe and shm, the control daemon's limits as
+the twin of nvidia-cuda-mps-control recorded them, and the daemon watched and adopted."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agents.gpu.discovery import discover
+from agents.gpu.mps import MpsDaemons
+from agents.gpu.plan import plan_resources
+from agents.hw.mps_control import MpsControlBinary
+from agents.sim.bundled import bundled_node
+from agents.sim.mps_control import install_twin
+from agents.sim.simnode import SimulatedNode
+from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
+from agents.timing import Timing
+from tests.conditions import WAIT
+from tests.integration.gpu_agent import Running, config, running_agent
+
+MPS_CONFIG = """\
+version: v1
+flags: {mpsRoot: /run/nvidia/mps}
+sharing:
+  mps:
+    renameByDefault: %s
+    resources: [{name: nvidia.com/gpu, replicas: 4}]
+"""
+ROOT = "/run/nvidia/mps"
+FAST = Timing(gpu_probe_s=0.05, mps_restart_s=3600.0)  # a dead daemon stays dead
+
+
+def mps_node(tmp_path: Path) -> Path:
+    doc = yaml.safe_load(bundled_node("h100-8gpu-8nic").read_text())
+    doc["mps"] = {"available": True}
+    path = tmp_path / "mps-node.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def dirs(running: Running, resource: str) -> tuple[str, str]:
+    base = f"{running.sim.dev_root}{ROOT}/{resource}"
+    return f"{base}/pipe", f"{base}/log"
+
+
+def told(running: Running, resource: str) -> list[str]:
+    return (Path(dirs(running, resource)[1]) / "control.log").read_text().splitlines()
+
+
+def quit_daemon(running: Running, resource: str) -> None:
+    assert running.backends.mps is not None
+    running.backends.mps.send(*dirs(running, resource), "quit")
+
+
+@pytest.mark.parametrize(
+    ("rename", "resource"), [("false", "nvidia.com/gpu"), ("true", "nvidia.com/gpu.shared")]
+)
+async def test_mps_replicas_get_their_daemons_pipe_and_limits(
+    tmp_path: Path, rename: str, resource: str
+) -> None:
+    async with running_agent(tmp_path, MPS_CONFIG % rename, node=mps_node(tmp_path)) as running:
+        try:
+            kubelet = running.kubelet
+            await kubelet.wait_until(lambda k: k.capacity().get(resource) == 32, WAIT)
+            ids = set(kubelet.resource(resource).devices)  # type: ignore[union-attr]
+            assert all(i.startswith("GPU-") and i[-3:] in {"::0", "::1", "::2", "::3"} for i in ids)
+            got = await kubelet.admit(Pod("p", [Container("c", {resource: 1})]))
+            answer = got.containers["c"].responses[resource]
+            assert answer.envs["CUDA_MPS_PIPE_DIRECTORY"] == f"/mps/{resource}/pipe"
+            host = f"{running.sim.dev_root}{ROOT}"
+            assert [(m.container_path, m.host_path, m.read_only) for m in answer.mounts] == [
+                (f"/mps/{resource}/pipe", f"{host}/{resource}/pipe", False),
+                ("/dev/shm", f"{host}/shm", False),
+            ]
+            with pytest.raises(AdmissionError, match="at most one shared device"):
+                await kubelet.admit(Pod("two", [Container("c", {resource: 2})]))
+            commands = told(running, resource)
+            limits = [c for c in commands if c.startswith("set_default")]
+            memory = [f"set_default_device_pinned_mem_limit {i} 20389M" for i in range(8)]
+            assert limits == [*memory, "set_default_active_thread_percentage 25"]
+        finally:
+            quit_daemon(running, resource)
+
+
+def unhealthy(kubelet: Kubelet) -> bool:
+    view = kubelet.resource("nvidia.com/gpu")
+    return view is not None and len(view.devices) == 32 and not view.healthy()
+
+
+def healthy(kubelet: Kubelet) -> bool:
+    view = kubelet.resource("nvidia.com/gpu")
+    return view is not None and len(view.healthy()) == 32
+
+
+async def test_a_dead_daemon_makes_its_replicas_unhealthy_until_it_answers_again(
+    tmp_path: Path,
+) -> None:
+    cfg = MPS_CONFIG % "false"
+    async with running_agent(tmp_path, cfg, node=mps_node(tmp_path), timing=FAST) as running:
+        try:
+            await running.kubelet.wait_until(healthy, WAIT)
+            quit_daemon(running, "nvidia.com/gpu")
+            await running.kubelet.wait_until(unhealthy, WAIT)
+            assert running.backends.mps is not None
+            running.backends.mps.start(*dirs(running, "nvidia.com/gpu"))  # an operator's
+            await running.kubelet.wait_until(healthy, WAIT)
+        finally:
+            quit_daemon(running, "nvidia.com/gpu")
+
+
+async def test_the_agent_starts_a_dead_daemon_again_with_its_limits(tmp_path: Path) -> None:
+    timing = dataclasses.replace(FAST, mps_restart_s=0.2)
+    cfg = MPS_CONFIG % "false"
+    async with running_agent(tmp_path, cfg, node=mps_node(tmp_path), timing=timing) as running:
+        try:
+            await running.kubelet.wait_until(healthy, WAIT)
+            quit_daemon(running, "nvidia.com/gpu")
+            started = "set_default_active_thread_percentage 25"
+            await running.kubelet.wait_until(
+                lambda k: healthy(k) and told(running, "nvidia.com/gpu").count(started) == 2, WAIT
+            )
+        finally:
+            quit_daemon(running, "nvidia.com/gpu")
+
+
+def test_a_restarted_agent_adopts_the_running_daemon(tmp_path: Path) -> None:
+    node = SimulatedNode(mps_node(tmp_path), tmp_path / "root")
+    node.load()
+    control = MpsControlBinary(str(install_twin(tmp_path / "bin-root")))
+    cfg = config(MPS_CONFIG % "false")
+    node.nvml.init()
+    gpus = discover(node.nvml, node.sysfs)
+    node.nvml.shutdown()
+    plans = plan_resources(gpus, cfg, "c.yaml")
+    root = str(tmp_path / "mps")
+    first = MpsDaemons(control, root, plans, gpus)
+    first.ensure()
+    (daemon,) = first.daemons
+    pid = (Path(daemon.pipe_dir) / "nvidia-cuda-mps-control.pid").read_text()
+    try:
+        again = MpsDaemons(control, root, plans, gpus)  # the agent, started again
+        again.ensure()
+        assert not again.down
+        log = (Path(daemon.log_dir) / "control.log").read_text().splitlines()
+        assert log.count("set_default_active_thread_percentage 25") == 1  # not started twice
+        assert (Path(daemon.pipe_dir) / "nvidia-cuda-mps-control.pid").read_text() == pid
+    finally:
+        control.send(daemon.pipe_dir, daemon.log_dir, "quit")
