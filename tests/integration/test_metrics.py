@@ -232,6 +232,9 @@ async def test_every_xid_is_counted_by_gpu_and_xid_also_those_that_change_no_hea
         lambda m: xids(victim, 79, m) == 2 and xids(bystander, 13, m) == 1, "every XID counted"
     )
     assert xids(victim, 13, metrics) is None and xids(bystander, 79, metrics) is None
+    # The XID alert counts a series created within its hour whole, by this sample.
+    created = {"resource": GPU_RESOURCE, "device": victim, "xid": "79"}
+    assert (value(metrics, "node_agent_gpu_xid_errors_created", **created) or 0) > 0
     assert health(running.kubelet, bystander) == "Healthy"
     events = {"resource": GPU_RESOURCE, "reason": "xid=79"}
     assert value(metrics, "node_agent_health_events_total", **events) == 1
