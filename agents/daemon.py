@@ -102,7 +102,7 @@ class Agent:
         from agents.kernel.kubelet_facts import PodResources
 
         asked = PodResources(socket, effect="no node_agent_device_allocated series")
-        holders = DeviceHolders(asked, self.resources, self.timing.holders_poll_s)
+        holders = DeviceHolders(asked, self.resources, self.timing.holders_poll_s, self.dra_names)
         metrics.add(HoldersCollector(holders), holders.refresh)
         return holders
 
@@ -120,6 +120,14 @@ class Agent:
 
     def resources(self) -> list[FamilyResource]:
         return [r for f in self.families.values() for r in f.resources()]
+
+    def dra_names(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(DRA driver, device name) -> (resource, device ID) of every family's devices."""
+        return {
+            (facts.driver, d.name): (d.resource, d.device_id)
+            for facts in (f.facts() for f in self.families.values())
+            for d in facts.devices
+        }
 
     def device_health(self) -> list[DeviceHealth]:
         """Every advertised device's health and its cause, over all families."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily
@@ -31,6 +31,10 @@ class Holder:
     container: str
 
 
+# (DRA driver, device name) -> (family resource, device ID): whom a claimed device is.
+DraNames = Mapping[tuple[str, str], tuple[str, str]]
+
+
 class DeviceHolders:
     """The latest answer of pod-resources, as the Holders of our resources' devices."""
 
@@ -39,9 +43,11 @@ class DeviceHolders:
         pod_resources: PodResources,
         resources: Callable[[], Iterable[Resource]],
         poll_s: float,
+        dra_names: Callable[[], DraNames] = dict,
     ) -> None:
         self._pod_resources = pod_resources
         self._resources = resources
+        self._dra_names = dra_names
         self._poll_s = poll_s
         self._asking: asyncio.Task[None] | None = None
         self.holders: tuple[Holder, ...] = ()
@@ -72,30 +78,56 @@ class DeviceHolders:
 
     async def _ask(self) -> None:
         answer = await self._pod_resources.answer()
-        self.holders = () if answer is None else holders_of(answer, self._resources())
+        if answer is None:
+            self.holders = ()
+            return
+        claimed = any(c.dynamic_resources for p in answer.pod_resources for c in p.containers)
+        names = self._dra_names() if claimed else {}  # the families' facts, only if needed
+        self.holders = holders_of(answer, self._resources(), names)
 
 
 def holders_of(
-    answer: pr.ListPodResourcesResponse, resources: Iterable[Resource]
+    answer: pr.ListPodResourcesResponse,
+    resources: Iterable[Resource],
+    dra_names: DraNames | None = None,
 ) -> tuple[Holder, ...]:
-    """The devices of `resources` that the answer's containers hold; IDs the resource
-    does not list (another plugin's, or one gone since) are left out."""
-    ours = {r.name: (r, {d.id for d in r.inventory.devices}) for r in resources}
+    """The devices of `resources` that the answer's containers hold: device-plugin IDs
+    the resource lists, and DRA devices (driver and device name of a claim) that
+    `dra_names` knows. Another plugin's or driver's devices, or ones gone, are left out."""
+    ours = {r.name: r for r in resources}
     out: list[Holder] = []
     for pod in answer.pod_resources:
         for container in pod.containers:
-            for devices in container.devices:
-                resource, listed = ours.get(devices.resource_name, (None, set()))
-                for device in devices.device_ids:
-                    if resource is None or device not in listed:
-                        continue
+            held = [*_plugin_held(container, ours), *_claimed(container, dra_names or {})]
+            for name, device in held:
+                resource = ours.get(name)
+                if resource is not None:
                     physical = resource.physical_id(device)
-                    out.append(
-                        Holder(
-                            resource.name, device, physical, pod.namespace, pod.name, container.name
-                        )
-                    )
+                    where = (pod.namespace, pod.name, container.name)
+                    out.append(Holder(resource.name, device, physical, *where))
     return tuple(dict.fromkeys(out))
+
+
+def _plugin_held(
+    container: pr.ContainerResources, ours: Mapping[str, Resource]
+) -> Iterator[tuple[str, str]]:
+    """(resource, device ID) of what the device plugins handed the container."""
+    for devices in container.devices:
+        resource = ours.get(devices.resource_name)
+        listed: Collection[str] = resource.inventory.ids() if resource is not None else ()
+        for device in devices.device_ids:
+            if device in listed:
+                yield devices.resource_name, device
+
+
+def _claimed(container: pr.ContainerResources, names: DraNames) -> Iterator[tuple[str, str]]:
+    """(resource, device ID) of the devices of the DRA claims the container uses, as the
+    kubelet reports them (kubelets 1.34+; `dynamic_resources`)."""
+    for claim in container.dynamic_resources:
+        for device in claim.claim_resources:
+            found = names.get((device.driver_name, device.device_name))
+            if found is not None:
+                yield found
 
 
 class HoldersCollector(Collector):

@@ -14,20 +14,26 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from prometheus_client.metrics_core import Metric
 
+from agents.api import podresources_pb2 as pr
+from agents.api import podresources_pb2_grpc as pr_grpc
 from agents.backends import simulated_backends
 from agents.config import Config, parse_config
 from agents.core.fabric_place import LEAF_GROUP
 from agents.daemon import Agent
+from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.holders import SCRAPE_WAIT_S
 from agents.kernel.kubelet_facts import POD_RESOURCES_TIMEOUT_S
 from agents.plugin.api import DevicePlugins
+from agents.roce.family import RoceFamily
 from agents.sim.bundled import bundled_node
 from agents.standin.kubelet import Container, Kubelet, Pod
 from tests.conditions import WAIT
+from tests.families import running_family
 from tests.integration.test_metrics import Scrapeable
 from tests.timing import SHORT
 
@@ -201,6 +207,70 @@ async def test_a_pod_resources_socket_that_does_not_answer_leaves_no_series_and_
                 assert took < POD_RESOURCES_TIMEOUT_S, f"a scrape took {took:.2f}s"
             assert SCRAPE_WAIT_S < POD_RESOURCES_TIMEOUT_S
             assert a.agent.serving()
+
+
+class _Lister(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """The kubelet's pod-resources List, answering `answer` (set by the test)."""
+
+    def __init__(self) -> None:
+        self.answer = pr.ListPodResourcesResponse()
+
+    async def List(self, request: object, context: object) -> pr.ListPodResourcesResponse:
+        return self.answer
+
+
+@contextlib.asynccontextmanager
+async def pod_resources_server(path: Path) -> AsyncIterator[_Lister]:
+    lister, server = _Lister(), grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(lister, server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        yield lister
+    finally:
+        await server.stop(0)
+
+
+def claimed(driver: str, device: str) -> pr.ClaimResource:
+    return pr.ClaimResource(driver_name=driver, pool_name="node-a", device_name=device)
+
+
+async def test_the_devices_of_a_dra_claim_carry_the_pod_and_container_that_use_it(
+    plugin_dir: Path, node_file: Path, kubelet: Kubelet
+) -> None:
+    path = plugin_dir / "dra-pr.sock"
+    async with (
+        pod_resources_server(path) as lister,
+        agent_on(plugin_dir, node_file, path, Config.default(), kubelet) as a,
+    ):
+        gpus = running_family(a.agent, GpuFamily).facts()
+        nics = running_family(a.agent, RoceFamily).facts()
+        gpu, nic = gpus.devices[3], nics.devices[1]
+        train = [claimed(gpus.driver, gpu.name), claimed("other.example.com", gpu.name)]
+        train.append(claimed(gpus.driver, "gpu-99"))  # not a device of this node
+        lister.answer = pr.ListPodResourcesResponse(
+            pod_resources=[
+                pr.PodResources(
+                    name="trainer",
+                    namespace="ml",
+                    containers=[
+                        _claiming("train", "gpus", train),
+                        _claiming("net", "nic", [claimed(nics.driver, nic.name)]),
+                    ],
+                )
+            ]
+        )
+        expected = {
+            (gpu.resource, gpu.device_id, gpu.device_id, "ml", "trainer", "train"),
+            (nic.resource, nic.device_id, nic.device_id, "ml", "trainer", "net"),
+        }
+        assert gpu.resource == GPU_RESOURCE and nic.resource == NIC_RESOURCE
+        await a.metrics_until(lambda m: held(m) == expected, "the claims' devices")
+
+
+def _claiming(container: str, claim: str, devices: list[pr.ClaimResource]) -> pr.ContainerResources:
+    dynamic = pr.DynamicResource(claim_name=claim, claim_namespace="ml", claim_resources=devices)
+    return pr.ContainerResources(name=container, dynamic_resources=[dynamic])
 
 
 async def test_the_node_labels_the_agent_writes_are_a_metric_the_leaf_group_among_them(
