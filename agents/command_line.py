@@ -215,8 +215,9 @@ def _cluster_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--label-node",
         action="store_true",
-        help="also patch the fabric labels (leaf group, spine) onto this node's Node "
-        "(needs patch on nodes; see docs/fabric.md)",
+        help="also patch the labels this agent owns onto this node's Node: the fabric's "
+        "(leaf group, spine) and GPU Feature Discovery's nvidia.com/ ones (needs patch on "
+        "nodes; see docs/labels.md, docs/fabric.md)",
     )
 
 
