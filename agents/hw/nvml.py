@@ -37,6 +37,8 @@ ARCHITECTURES = {
     9: "Hopper",
     10: "Blackwell",
 }
+# NVML's nvmlComputeMode_t by value (1, EXCLUSIVE_THREAD, is no longer supported).
+COMPUTE_MODES = {0: "DEFAULT", 2: "PROHIBITED", 3: "EXCLUSIVE_PROCESS"}
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,15 @@ class Nvml(Protocol):
     def gpus(self) -> Sequence[GpuInfo]: ...
 
     def status(self, uuid: str) -> GpuStatus: ...
+
+    def compute_mode(self, uuid: str) -> str:
+        """The GPU's compute mode, a value of COMPUTE_MODES."""
+        ...
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        """Set it (a value of COMPUTE_MODES) until the next reboot; NVML needs root for
+        this: BackendError naming NoPermission otherwise."""
+        ...
 
     async def next_events(self, timeout_s: float) -> list[XidEvent]:
         """Wait up to timeout_s for XID events, off the event loop; may return early and

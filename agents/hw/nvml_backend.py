@@ -11,7 +11,7 @@ import structlog
 from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError
-from agents.hw.nvml import GpuInfo, GpuStatus, XidEvent, cuda_version_text
+from agents.hw.nvml import COMPUTE_MODES, GpuInfo, GpuStatus, XidEvent, cuda_version_text
 from agents.hw.nvml_events import NvmlEvents
 from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, fabric_info, text, translated
 from agents.hw.nvml_signals import SignalReader
@@ -107,6 +107,18 @@ class NvmlBackend:
             raise BackendError("NVML fabric: not initialised")
         with translated(f"fabric info of {uuid}"):
             return fabric_info(self._lib, self._handle(uuid))
+
+    def compute_mode(self, uuid: str) -> str:
+        with translated(f"compute mode of {uuid}"):
+            value = int(self._lib.nvmlDeviceGetComputeMode(self._handle(uuid)))
+        return COMPUTE_MODES.get(value, str(value))
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        value = next((v for v, name in COMPUTE_MODES.items() if name == mode), None)
+        if value is None:
+            raise BackendError(f"NVML set compute mode of {uuid}: no mode {mode!r}")
+        with translated(f"set compute mode of {uuid}"):
+            self._lib.nvmlDeviceSetComputeMode(self._handle(uuid), value)
 
     def _handle(self, uuid: str) -> Any:
         """The handle listed for this GPU: a lookup by UUID searches the GPUs in turn and

@@ -20,6 +20,7 @@ from agents.core.mig import gi_profile
 from agents.core.pci import nvml_bus_id
 from agents.errors import BackendError
 from agents.hw.nvml import (
+    COMPUTE_MODES,
     NVLINK_REMOTE_GPU,
     NVLINK_REMOTE_NVSWITCH,
     NVSWITCH_BUS_ID,
@@ -65,10 +66,14 @@ _ANSWERED = "NotSupported"  # an error name that still means the GPU answered
 class SimNvml:
     """Implements agents.hw.nvml.Nvml for a simulated node; `update(node)` on reloads.
 
-    XIDs in the file when it is loaded are delivered as events at the first wait."""
+    XIDs in the file when it is loaded are delivered as events at the first wait. Each
+    GPU's compute mode is remembered (DEFAULT at start, as after a boot); `privileged`
+    False answers a set as NVML answers a caller that is not root."""
 
-    def __init__(self, node: NodeSpec) -> None:
+    def __init__(self, node: NodeSpec, *, privileged: bool = True) -> None:
         self._node = node
+        self._privileged = privileged
+        self.compute_modes: dict[str, str] = {}  # UUID -> mode, of the GPUs ever set
         self._pending: list[XidEvent] = [XidEvent(g.uuid, x) for g in node.gpus for x in g.xids]
         self._changed = asyncio.Event()
         self._refs = 0
@@ -129,6 +134,18 @@ class SimNvml:
         """The node file's `fabric` of the GPU (agents.hw.nvml.GpuFabrics)."""
         gpu = self._asked(uuid, "fabric info")
         return None if gpu.nvml_error == _ANSWERED else gpu.fabric
+
+    def compute_mode(self, uuid: str) -> str:
+        self._asked(uuid, "compute mode")
+        return self.compute_modes.get(uuid, "DEFAULT")
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        if mode not in COMPUTE_MODES.values():
+            raise BackendError(f"NVML set compute mode of {uuid}: no mode {mode!r}")
+        self._asked(uuid, "set compute mode")
+        if not self._privileged:
+            raise BackendError(f"NVML set compute mode of {uuid}: Insufficient Permissions")
+        self.compute_modes[uuid] = mode
 
     def _after_hang(self, uuid: str) -> GpuSpec | None:
         """The GPU as the node file has it when a call about it returns (after its hang)."""

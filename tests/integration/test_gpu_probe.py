@@ -57,6 +57,12 @@ class SteppedNvml:
     def gpus(self) -> Sequence[GpuInfo]:
         return self._inner.gpus()
 
+    def compute_mode(self, uuid: str) -> str:
+        return self._inner.compute_mode(uuid)
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None:
+        self._inner.set_compute_mode(uuid, mode)
+
     def status(self, uuid: str) -> GpuStatus:
         self.status_calls += 1
         if uuid in self._lost:

@@ -36,6 +36,11 @@ class BlockingNvml:
     def gpus(self) -> Sequence[GpuInfo]:
         return []
 
+    def compute_mode(self, uuid: str) -> str:
+        return "DEFAULT"
+
+    def set_compute_mode(self, uuid: str, mode: str) -> None: ...
+
     def status(self, uuid: str) -> GpuStatus:
         if uuid == "B":
             self.release.wait(30)
