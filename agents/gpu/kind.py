@@ -62,7 +62,7 @@ def discover_gpus(
         fabrics = waited(
             lambda: read_fabrics(nvml, [g.uuid for g in gpus]), START_WAIT_S, "fabric info"
         )
-        mps = MpsDaemons(mps_control, root + (flags.mps_root or ""), plans, gpus)
+        mps = MpsDaemons(mps_control, root + (flags.mps_root or ""), plans, gpus, nvml)
         mps.ensure()  # before any of its resources is served
     except BaseException:
         give_back(nvml)

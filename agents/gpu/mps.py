@@ -1,6 +1,6 @@
 """The MPS control daemons of MPS-shared resources, one per resource as NVIDIA's plugin
 v0.20 runs them: started (or adopted, when one already answers) before the resource is
-served, each replica limited as NVIDIA's daemon limits it, and watched."""
+served, on GPUs in EXCLUSIVE_PROCESS, each replica limited as NVIDIA's daemon limits it."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from agents.gpu import mps_paths
 from agents.gpu.discovery import Gpu
 from agents.gpu.plan import ResourcePlan
 from agents.hw.mps_control import MpsControl
+from agents.hw.nvml import Nvml
 
 log = structlog.get_logger(__name__)
 
 PROBE = "get_default_active_thread_percentage"  # what NVIDIA's plugin asks to see it is up
+EXCLUSIVE = "EXCLUSIVE_PROCESS"  # one context per GPU: the MPS server's, which all clients share
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ def limits(plan: ResourcePlan, gpus: Sequence[Gpu]) -> tuple[str, ...]:
 
 
 class MpsDaemons:
-    """Blocking calls all; `root` is flags.mpsRoot as the agent sees it."""
+    """Blocking calls all; `root` is flags.mpsRoot as the agent sees it, `nvml` initialised
+    while the daemons may be started."""
 
     def __init__(
         self,
@@ -75,8 +78,10 @@ class MpsDaemons:
         root: str,
         plans: Sequence[ResourcePlan],
         gpus: Sequence[Gpu],
+        nvml: Nvml,
     ) -> None:
         self._control = control
+        self._nvml = nvml
         self._shm = mps_paths.shm_dir(root)
         self.daemons = tuple(
             Daemon(
@@ -103,21 +108,16 @@ class MpsDaemons:
             self.down.discard(daemon.resource)
             return
         if self._control is None:
-            log.warning(
-                "mps_daemon_unavailable",
-                resource=daemon.resource,
-                reason="no " + "nvidia-cuda-mps-control",
-            )
-            self.down.add(daemon.resource)
+            self._unavailable(daemon, "no " + "nvidia-cuda-mps-control")
             return
         try:
+            self._exclusive(daemon)
             os.makedirs(self._shm, exist_ok=True)  # the clients' /dev/shm
             self._control.start(daemon.pipe_dir, daemon.log_dir)
             for command in daemon.commands:
                 self._control.send(daemon.pipe_dir, daemon.log_dir, command)
         except (BackendError, OSError) as exc:
-            log.warning("mps_daemon_unavailable", resource=daemon.resource, reason=str(exc))
-            self.down.add(daemon.resource)
+            self._unavailable(daemon, str(exc))
             return
         log.info(
             "mps_daemon_started",
@@ -126,6 +126,24 @@ class MpsDaemons:
             limits=list(daemon.commands),
         )
         self.down.discard(daemon.resource)
+
+    def _unavailable(self, daemon: Daemon, reason: str) -> None:
+        """Its daemon will not start: logged once until it does; its replicas Unhealthy."""
+        if daemon.resource not in self.down:
+            log.warning(
+                "mps_daemon_unavailable",
+                resource=daemon.resource,
+                reason=reason,
+                effect="its replicas are Unhealthy until the daemon starts (tried again)",
+            )
+        self.down.add(daemon.resource)
+
+    def _exclusive(self, daemon: Daemon) -> None:
+        """Its GPUs in EXCLUSIVE_PROCESS before the start, as NVIDIA's daemon sets them: a
+        GPU it cannot set is not served by MPS (NVIDIA's daemon does not start either).
+        Never set back here: the daemon outlives the agent and keeps serving them."""
+        for uuid in sorted(daemon.gpus):
+            self._nvml.set_compute_mode(uuid, EXCLUSIVE)
 
     def probe(self) -> bool:
         """Ask each daemon whether it runs; restart the ones down. True if any changed."""

@@ -1,13 +1,15 @@
 """MPS-shared GPUs on a simulated node with `mps: {available: true}`, through the kubelet
-stand-in: replicas registered, Allocate's pipe and shm, the control daemon's limits as
-the twin of nvidia-cuda-mps-control recorded them, and the daemon watched and adopted."""
+stand-in: replicas registered, Allocate's pipe and shm, the GPUs' compute mode, the control
+daemon's limits as the twin recorded them, and the daemon watched and adopted."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 
 from agents.gpu.discovery import discover
@@ -15,7 +17,8 @@ from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import plan_resources
 from agents.hw.mps_control import MpsControlBinary
 from agents.sim.bundled import bundled_node
-from agents.sim.mps_control import install_twin
+from agents.sim.mps_control import PID_FILE, install_twin
+from agents.sim.nvml import SimNvml
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from agents.timing import Timing
@@ -86,6 +89,21 @@ async def test_mps_replicas_get_their_daemons_pipe_and_limits(
             quit_daemon(running, resource)
 
 
+async def test_shared_gpus_are_exclusive_process_while_mps_serves_them_and_after_exit(
+    tmp_path: Path,
+) -> None:
+    cfg = MPS_CONFIG % "false"
+    async with running_agent(tmp_path, cfg, node=mps_node(tmp_path), timing=FAST) as running:
+        try:
+            await running.kubelet.wait_until(healthy, WAIT)
+            uuids = running.gpu_uuids()
+            assert [running.sim.nvml.compute_mode(u) for u in uuids] == ["EXCLUSIVE_PROCESS"] * 8
+        finally:
+            quit_daemon(running, "nvidia.com/gpu")  # the simulated root goes with the agent
+    # A clean exit leaves them so: the daemon, not the agent, is what needs them.
+    assert running.sim.nvml.compute_modes == dict.fromkeys(uuids, "EXCLUSIVE_PROCESS")
+
+
 def unhealthy(kubelet: Kubelet) -> bool:
     view = kubelet.resource("nvidia.com/gpu")
     return view is not None and len(view.devices) == 32 and not view.healthy()
@@ -127,26 +145,59 @@ async def test_the_agent_starts_a_dead_daemon_again_with_its_limits(tmp_path: Pa
             quit_daemon(running, "nvidia.com/gpu")
 
 
-def test_a_restarted_agent_adopts_the_running_daemon(tmp_path: Path) -> None:
+CONTROL = "bin-root/usr/bin/nvidia-cuda-mps-control"
+
+
+def shared(tmp_path: Path, *, privileged: bool = True) -> tuple[SimNvml, Callable[[], MpsDaemons]]:
+    """The simulated node's NVML, initialised, and a maker of the daemons of the MPS config
+    on it (an agent's start), the twin as the program."""
     node = SimulatedNode(mps_node(tmp_path), tmp_path / "root")
     node.load()
     control = MpsControlBinary(str(install_twin(tmp_path / "bin-root")))
-    cfg = config(MPS_CONFIG % "false")
-    node.nvml.init()
-    gpus = discover(node.nvml, node.sysfs)
-    node.nvml.shutdown()
-    plans = plan_resources(gpus, cfg, "c.yaml")
-    root = str(tmp_path / "mps")
-    first = MpsDaemons(control, root, plans, gpus)
+    nvml = SimNvml(node.spec, privileged=privileged)
+    nvml.init()
+    gpus = discover(nvml, node.sysfs)
+    plans = plan_resources(gpus, config(MPS_CONFIG % "false"), "c.yaml")
+    return nvml, lambda: MpsDaemons(control, str(tmp_path / "mps"), plans, gpus, nvml)
+
+
+def quit_all(tmp_path: Path, mps: MpsDaemons) -> None:
+    for daemon in mps.daemons:
+        MpsControlBinary(str(tmp_path / CONTROL)).send(daemon.pipe_dir, daemon.log_dir, "quit")
+
+
+def test_a_restarted_agent_adopts_the_running_daemon_and_leaves_the_modes(tmp_path: Path) -> None:
+    nvml, start = shared(tmp_path)
+    first = start()
     first.ensure()
     (daemon,) = first.daemons
-    pid = (Path(daemon.pipe_dir) / "nvidia-cuda-mps-control.pid").read_text()
+    pid = (Path(daemon.pipe_dir) / PID_FILE).read_text()
+    gpu = sorted(daemon.gpus)[0]
     try:
-        again = MpsDaemons(control, root, plans, gpus)  # the agent, started again
+        nvml.set_compute_mode(gpu, "DEFAULT")  # an operator's doing, say
+        again = start()  # the agent, started again
         again.ensure()
         assert not again.down
         log = (Path(daemon.log_dir) / "control.log").read_text().splitlines()
         assert log.count("set_default_active_thread_percentage 25") == 1  # not started twice
-        assert (Path(daemon.pipe_dir) / "nvidia-cuda-mps-control.pid").read_text() == pid
+        assert (Path(daemon.pipe_dir) / PID_FILE).read_text() == pid
+        assert nvml.compute_mode(gpu) == "DEFAULT"  # adopted: its GPUs untouched
     finally:
-        control.send(daemon.pipe_dir, daemon.log_dir, "quit")
+        quit_all(tmp_path, first)
+
+
+def test_no_daemon_starts_where_a_gpus_compute_mode_cannot_be_set(tmp_path: Path) -> None:
+    mps = shared(tmp_path, privileged=False)[1]()
+    (daemon,) = mps.daemons
+    try:
+        with structlog.testing.capture_logs() as logs:
+            mps.ensure()
+            assert not mps.restart()  # tried again, still refused, logged once
+        assert mps.down == {"nvidia.com/gpu"}
+        assert not (Path(daemon.pipe_dir) / PID_FILE).exists()  # as NVIDIA's: not started
+        (warning,) = [e for e in logs if e["event"] == "mps_daemon_unavailable"]
+        assert "Insufficient Permissions" in warning["reason"]
+        assert mps.cause(sorted(daemon.gpus)[0]) is not None  # its replicas Unhealthy
+    finally:
+        if (Path(daemon.pipe_dir) / PID_FILE).exists():
+            quit_all(tmp_path, mps)
