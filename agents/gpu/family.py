@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 
 from agents.config import Config
-from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.core.health import Cause, DeviceHealth, GpuLost, Grade, NvmlError, NvmlHung
 from agents.core.ledger import PairingSide
@@ -22,7 +22,7 @@ from agents.family import Family, HealthSink, Located
 from agents.gpu import dra, mps
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.found import GpusFound
-from agents.gpu.gfd import GfdLabels, keep_fabrics
+from agents.gpu.gfd import GfdLabels
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.signals import GpuSignalWatch
@@ -92,6 +92,8 @@ class GpuFamily:
         self._lost: set[str] = set()  # lost at the last probe: judged afresh when back
         self._gfd = GfdLabels(config, found.driver, found.machine, found.vgpus)
         self._fabrics = dict(found.fabrics)  # GPU UUID -> its NVLink fabric, kept current
+        # Read again by each signal round: those that had a fabric at discovery.
+        self._fabric_gpus = frozenset(u for u, f in found.fabrics.items() if f is not None)
         self._kick = asyncio.Event()  # probe now: the event wait returned early
         self._mps = found.mps
         self._mps_restart_s = timing.mps_restart_s
@@ -218,8 +220,6 @@ class GpuFamily:
                     loops.create_task(self._events())
                     if self._signals.active:
                         loops.create_task(self._read_signals())
-                    fabrics = keep_fabrics(self._nvml, self._fabrics, self._signal_s, self._fabric)
-                    loops.create_task(fabrics)
                     if self._mps is not None:
                         changed = lambda: self._publish(self._clock())  # noqa: E731
                         loops.create_task(
@@ -289,12 +289,22 @@ class GpuFamily:
             present = [g.uuid for g in self.gpus if g.uuid not in self._gone]
             readings = await self._signals.read(present, self._signal_s)
             self._gauge(readings)
+            self._fabrics_read(readings)
             self._publish(self._clock())
             await asyncio.sleep(max(0.0, self._signal_s - (self._clock() - began)))
 
-    def _fabric(self, fabrics: dict[str, Fabric | None]) -> None:
-        """A fabric changed: labels and DRA attributes say so, device lists stay."""
-        self._fabrics = fabrics
+    def _fabrics_read(self, readings: Mapping[str, GpuReading]) -> None:
+        """The fabrics of a signal round, for GPUs that had one at discovery, their health
+        aside (that is the nvlink-fabric signal, and changes no label): where one changed
+        (it registered late, or went), labels and DRA attributes say so, device lists stay."""
+        fresh = {
+            uuid: None if r.fabric is None else replace(r.fabric, health_mask=0)
+            for uuid, r in readings.items()
+            if uuid in self._fabric_gpus
+        }
+        if all(self._fabrics.get(uuid) == fabric for uuid, fabric in fresh.items()):
+            return
+        self._fabrics = self._fabrics | fresh
         for resource in self._resources:
             resource.inventory.touch()
 

@@ -1,11 +1,10 @@
 """The GPU family's `nvidia.com/` labels as GFD v0.20 writes them: the facts read at
-discovery (DMI, PCI classes, vGPU config space), the fabric re-read on the signal cadence,
-and the config's sharing, handed to agents/core/gfd_labels.py."""
+discovery (DMI, PCI classes, vGPU config space, the fabric, which each signal round reads
+again) and the config's sharing, handed to agents/core/gfd_labels.py."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -19,7 +18,6 @@ from agents.errors import BackendError
 from agents.gpu.discovery import DriverVersions, Gpu
 from agents.hw.nvml import GpuFabrics, Nvml
 from agents.hw.sysfs import Sysfs
-from agents.tasks import off_loop
 
 log = structlog.get_logger(__name__)
 
@@ -46,8 +44,9 @@ def vgpus(sysfs: Sysfs) -> tuple[VgpuHost, ...] | None:
 
 
 def read_fabrics(nvml: Nvml, uuids: Iterable[str]) -> dict[str, Fabric | None]:
-    """Blocking. Each GPU's fabric; a GPU whose answer fails has none for now. Its health
-    is left out: that is the probe's signal (nvlink-fabric), and changes no label."""
+    """Blocking: each GPU's fabric at discovery (the signal rounds read it again); a GPU
+    whose answer fails has none for now. Its health is left out: that is the probe's
+    signal (nvlink-fabric), and changes no label."""
     if not isinstance(nvml, GpuFabrics):
         return {}
     out: dict[str, Fabric | None] = {}
@@ -59,25 +58,6 @@ def read_fabrics(nvml: Nvml, uuids: Iterable[str]) -> dict[str, Fabric | None]:
             log.debug("gpu_fabric_unreadable", gpu=uuid, error=str(exc))
             out[uuid] = None
     return out
-
-
-async def keep_fabrics(
-    nvml: Nvml,
-    fabrics: Fabrics,
-    period_s: float,
-    changed: Callable[[dict[str, Fabric | None]], None],
-) -> None:
-    """Read the fabric of every GPU that has one once a period, until cancelled, and
-    say when it changed (a fabric that registers late). One read at a time: a read that
-    hangs in the driver holds one thread, not one per period."""
-    uuids = [uuid for uuid, fabric in fabrics.items() if fabric is not None]
-    known = dict(fabrics)
-    while uuids:
-        await asyncio.sleep(period_s)  # a period, not a wait for a condition
-        fresh = await off_loop(lambda: read_fabrics(nvml, uuids), "gpu-fabric")
-        if any(known.get(u) != f for u, f in fresh.items()):
-            known |= fresh
-            changed(dict(known))
 
 
 def sharing(config: Config) -> Sharing:
