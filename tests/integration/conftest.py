@@ -19,6 +19,7 @@ import yaml
 
 from agents.cluster.client import Access, ApiClient
 from agents.sim.bundled import bundled_node
+from tests.kubelet_dirs import private_kubelet_dirs
 from tests.standin.apiserver import ApiServer
 from tests.timing import AGENT, SHORT_AGENT
 from tests.writers import write_atomic, write_in_place
@@ -88,7 +89,7 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     def start(
         args: Sequence[str], env: Mapping[str, str] | None = None, short_timing: bool = False
     ) -> AgentProcess:
-        args = [*args, *_private_kubelet_dirs(args, tmp_path)]
+        args = [*args, *private_kubelet_dirs(args, tmp_path)]
         stderr_path = tmp_path / f"agent-{len(spawned)}.stderr"
         started = time.monotonic()
         with stderr_path.open("wb") as stderr:
@@ -108,21 +109,6 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
         if agent.alive():
             agent.process.kill()
         agent.process.wait(10)
-
-
-# The kubelet's DRA directories: a test's agent gets its own unless the test names them,
-# so that a machine's real ones (a lab's claims, its plugin watcher) never reach a test.
-KUBELET_DIR_FLAGS = ("--kubelet-plugins-dir", "--kubelet-registry-dir", "--cdi-root")
-
-
-def _private_kubelet_dirs(args: Sequence[str], tmp_path: Path) -> list[str]:
-    if not args or args[0] != "run":
-        return []
-    extra = []
-    for flag in KUBELET_DIR_FLAGS:
-        if flag not in args:
-            extra += [flag, str(tmp_path / "kubelet" / flag.removeprefix("--"))]
-    return extra
 
 
 @pytest.fixture

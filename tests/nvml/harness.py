@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from agents.standin.kubelet import Kubelet
+from tests.kubelet_dirs import private_kubelet_dirs
 from tests.nvml import nodes, state
 from tests.nvml.library import nvml_env
 from tests.nvml.state import NvmlNode
@@ -146,14 +147,16 @@ def start_agent(
     lab: Lab, plugin_dir: Path, stderr_path: Path, *args: str, short_timing: bool = False
 ) -> AgentProcess:
     """`node-agent run --families gpu` on the real NVML backend over the lab's library; on
-    tests/timing.py's short hold times and probe periods if asked."""
+    tests/timing.py's short hold times and probe periods if asked; with DRA directories of
+    its own (tests/kubelet_dirs.py)."""
     started = time.monotonic()
+    run = ["run", "--families", "gpu", "--device-plugin-dir", str(plugin_dir), *args]
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(
             [
                 *(sys.executable, *(SHORT_AGENT if short_timing else AGENT)),
-                *("run", "--families", "gpu"),
-                *("--device-plugin-dir", str(plugin_dir), *args),
+                *run,
+                *private_kubelet_dirs(run, stderr_path.parent),
             ],
             env=lab.env(),
             stdin=subprocess.DEVNULL,
