@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from agents.config_shares import KEYS as SHARES_KEYS
+from agents.config_shares import Shares, parse_shares
 from agents.configschema import (
     EXTENDED_NAME,
     Check,
@@ -127,6 +129,12 @@ class Sharing:
 
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
     mps: TimeSlicing | None = None
+    shares: Shares | None = None  # DRA only: whole GPUs shared by claims' capacity
+
+    @property
+    def served_shares(self) -> Shares | None:
+        """The shares, where claims consume them (DRA); None elsewhere."""
+        return self.shares if self.shares is not None and self.shares.by_claims else None
 
     @property
     def replicated(self) -> TimeSlicing:
@@ -255,8 +263,9 @@ def _config(raw: object) -> Config:
     top = Section(raw, "", _TOP_KEYS, ignored=[])
     version = top.value("version", _version, "v1")
     flags = _flags(top.section("flags", _FLAG_KEYS))
-    sharing = _shared(top.section("sharing", ("timeSlicing", "mps")))
+    sharing = _shared(top.section("sharing", ("timeSlicing", "mps", "shares")))
     flags = _mps_flags(top.section("flags", _FLAG_KEYS), flags, sharing)
+    sharing = _shares_root(top.section("flags", _FLAG_KEYS), sharing)
     _ignore_pattern_renames(top.section("resources", ("gpus", "mig")))
     imex = _imex(top.section("imex", ("channelIDs", "required")))
     roce = _roce(top.section("roce", ("resourceName", "selectors")))
@@ -391,16 +400,26 @@ _REPLICATED_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources"
 
 
 def _shared(sec: Section) -> Sharing:
-    """Time-slicing, or MPS: with both, MPS wins and timeSlicing is listed as ignored."""
+    """Time-slicing, or MPS: with both, MPS wins and timeSlicing is listed as ignored;
+    and shares, which DRA alone reads."""
     slicing = _replicated(sec.section("timeSlicing", _REPLICATED_KEYS), False, MAX_REPLICAS)
+    shares = parse_shares(sec.section("shares", SHARES_KEYS)) if sec.has("shares") else None
     if not sec.has("mps"):
-        return Sharing(slicing)
+        return Sharing(slicing, shares=shares)
     mps = _replicated(sec.section("mps", _REPLICATED_KEYS), True, MAX_MPS_REPLICAS)
     if not mps.resources:  # NVIDIA's plugin: "no resources specified"
         raise SchemaError("at least one resource to share", sec.at("mps") + ".resources")
     if sec.has("timeSlicing"):
         sec.ignored.append(sec.at("timeSlicing"))
-    return Sharing(TimeSlicing(), mps)
+    return Sharing(TimeSlicing(), mps, shares)
+
+
+def _shares_root(flags: Section, sharing: Sharing) -> Sharing:
+    """Shares' MPS pipes and shared memory under flags.mpsRoot, where it is given."""
+    root = flags.value("mpsRoot", host_root, "")
+    if sharing.shares is None or not root:
+        return sharing
+    return dataclasses.replace(sharing, shares=dataclasses.replace(sharing.shares, mps_root=root))
 
 
 def _mps_flags(sec: Section, flags: Flags, sharing: Sharing) -> Flags:
@@ -408,7 +427,8 @@ def _mps_flags(sec: Section, flags: Flags, sharing: Sharing) -> Flags:
     refuses to start: MPS without a root, or with migStrategy mixed."""
     root = sec.value("mpsRoot", host_root, "")
     if not sharing.mps_active:
-        sec.ignore("mpsRoot", string)
+        if sharing.shares is None:
+            sec.ignore("mpsRoot", string)
         return flags
     if flags.mig_strategy == "mixed":
         raise SchemaError(

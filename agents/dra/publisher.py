@@ -13,7 +13,7 @@ import structlog
 
 from agents.cluster.client import ApiClient, ApiError, GoneError, UnreachableError, WatchEvent
 from agents.core.health import Cause
-from agents.dra.slices import SLICES_PATH, build_slices, same_spec
+from agents.dra.slices import MULTIPLE, SLICES_PATH, build_slices, same_spec
 from agents.kernel.facts import FamilyFacts
 from agents.tasks import first
 
@@ -62,6 +62,7 @@ class SlicePublisher:
         self._parked = False  # the reconcile loop waits for a wake-up
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
+        self._unshared_said = False  # the API server dropped multiple allocations: said
 
     def set(self, devices: FamilyFacts, causes: Mapping[str, Cause]) -> None:
         """Publish `devices` of their driver with their grades; `causes`: why each that is
@@ -207,12 +208,30 @@ class SlicePublisher:
         version = str(have.get("metadata", {}).get("resourceVersion") or "")
         return self._written.get(name) == (version, want["spec"]) or same_spec(have, want)
 
+    def _say_unshared(self, body: Obj, stored: Obj) -> None:
+        """Once: the API server stored devices sent to be allocated several times at
+        once without that (resource.k8s.io's DRAConsumableCapacity off before 1.36)."""
+        sent = {d["name"] for d in body["spec"]["devices"] if d.get(MULTIPLE)}
+        kept = {
+            d.get("name") for d in stored.get("spec", {}).get("devices") or [] if d.get(MULTIPLE)
+        }
+        if self._unshared_said or not sent - kept:
+            return
+        self._unshared_said = True
+        log.warning(
+            "dra_shares_unavailable",
+            driver=body["spec"]["driver"],
+            reason=f"the API server dropped {MULTIPLE} (DRAConsumableCapacity off)",
+            effect="each device is allocated to one claim at a time",
+        )
+
     async def _write(self, method: str, path: str, body: Obj) -> None:
         stored = await self._client.request(method, path, body)
         meta = stored.get("metadata", {})
         name = str(meta.get("name") or body["metadata"]["name"])
         self._observed[name] = stored
         self._written[name] = (str(meta.get("resourceVersion") or ""), body["spec"])
+        self._say_unshared(body, stored)
         pool = body["spec"]["pool"]
         log.info(
             "resource_slice_written",

@@ -5,13 +5,19 @@ and the comparison that says whether a stored slice already says the same."""
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
-from fractions import Fraction
 from typing import Any
 
 from agents.core.health import Cause, DeviceHealth, Grade, Taint
-from agents.kernel.facts import HEALTH, AttributeValue, DeviceFacts, FamilyFacts, Version
+from agents.core.quantity import quantity
+from agents.kernel.facts import (
+    HEALTH,
+    AttributeValue,
+    DeviceFacts,
+    FamilyFacts,
+    RequestPolicy,
+    Version,
+)
 
 API_VERSION = "resource.k8s.io/v1"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -19,6 +25,7 @@ MAX_DEVICES = 128  # per slice, as the API server allows
 MAX_NAME = 253
 NO_SCHEDULE = "NoSchedule"
 NO_EXECUTE = "NoExecute"
+MULTIPLE = "allowMultipleAllocations"  # a device several claims may hold at once
 
 Obj = dict[str, Any]
 
@@ -102,13 +109,24 @@ def _device(
     attributes = {**device.attributes, HEALTH: grade.value}
     out["attributes"] = {k: _attribute(v) for k, v in attributes.items()}
     if device.capacity:
-        out["capacity"] = {k: {"value": v} for k, v in device.capacity.items()}
+        out["capacity"] = {
+            k: _capacity(v, device.policies.get(k)) for k, v in device.capacity.items()
+        }
+    if device.shared:
+        out[MULTIPLE] = True
     if taints and cause is not None:
         taint: Taint = cause.taint(driver)
         value = {"value": taint.value} if taint.value else {}
         effect = NO_EXECUTE if evict and grade is Grade.UNHEALTHY else NO_SCHEDULE
         out["taints"] = [{"key": taint.key, **value, "effect": effect}]
     return out
+
+
+def _capacity(value: str, policy: RequestPolicy | None) -> Obj:
+    if policy is None:
+        return {"value": value}
+    valid = {"min": policy.minimum, "max": policy.maximum, "step": policy.step}
+    return {"value": value, "requestPolicy": {"default": policy.default, "validRange": valid}}
 
 
 def _attribute(value: AttributeValue) -> Obj:
@@ -142,8 +160,7 @@ def _canonical_device(device: Obj) -> Obj:
     out = {k: v for k, v in device.items() if v not in ({}, [], None)}
     if "capacity" in out:
         out["capacity"] = {
-            k: {**v, "value": quantity(str(v.get("value")))} if isinstance(v, dict) else v
-            for k, v in out["capacity"].items()
+            k: _quantities(v) if isinstance(v, dict) else v for k, v in out["capacity"].items()
         }
     if "taints" in out:
         out["taints"] = [
@@ -154,22 +171,17 @@ def _canonical_device(device: Obj) -> Obj:
     return out
 
 
-QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
-)
-BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+def _quantities(capacity: Obj) -> Obj:
+    """A capacity's value and request policy with every quantity as its exact number."""
+    out: Obj = {**capacity, "value": quantity(str(capacity.get("value")))}
+    policy = capacity.get("requestPolicy")
+    if isinstance(policy, dict):
+        out["requestPolicy"] = {
+            k: _quantities_in(v) if isinstance(v, dict) else quantity(str(v))
+            for k, v in policy.items()
+        }
+    return out
 
 
-def quantity(text: str) -> Fraction | str:
-    """A Kubernetes quantity's exact value ("80Gi", "81920Mi", "1e3"); the text itself
-    when it is none."""
-    m = QUANTITY.match(text.strip())
-    if m is None:
-        return text
-    number, exponent, suffix = Fraction(m.group(1)), m.group(2), m.group(3)
-    if exponent is not None:
-        return number * Fraction(10) ** int(exponent)
-    if suffix in BINARY:
-        return number * BINARY[suffix]
-    return number * Fraction(10) ** DECIMAL.get(suffix or "", 0)
+def _quantities_in(values: Obj) -> Obj:
+    return {k: quantity(str(v)) for k, v in values.items()}

@@ -3,15 +3,23 @@ attributes and capacities that claims and CEL selectors written for that driver 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 
+from agents.config_shares import Shares
 from agents.core.gfd_facts import Fabric
 from agents.core.health import OURS
 from agents.gpu.discovery import DriverVersions, Gpu
 from agents.gpu.plan import Unit
 from agents.hw.nvml import MigInstance
-from agents.kernel.facts import AttributeValue, DeviceFacts, Version, pci_attributes
+from agents.kernel.facts import (
+    AttributeValue,
+    DeviceFacts,
+    RequestPolicy,
+    Version,
+    pci_attributes,
+)
 
 DRIVER = "gpu.nvidia.com"
 GPU_TYPE = "gpu"
@@ -19,6 +27,8 @@ MIG_TYPE = "mig"
 CLUSTER_UUID = f"{OURS}/clusterUUID"
 CLIQUE_ID = f"{OURS}/cliqueID"
 _BINARY = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+MEMORY, COMPUTE = "memory", "compute"  # a shared GPU's capacities: bytes, % of its SMs
+COMPUTE_PERCENT = 100
 
 
 def semantic(version: str) -> Version | None:
@@ -66,15 +76,40 @@ def gpu_attributes(gpu: Gpu, driver: DriverVersions) -> dict[str, AttributeValue
 
 
 def whole_gpu(
-    gpu: Gpu, resource: str, driver: DriverVersions, fabric: Fabric | None = None
+    gpu: Gpu,
+    resource: str,
+    driver: DriverVersions,
+    fabric: Fabric | None = None,
+    shares: Shares | None = None,
 ) -> DeviceFacts:
+    """A whole GPU; with `shares`, allocated in shares of its memory and SMs."""
     capacity = {"memory": binary_quantity(gpu.memory_mib * 2**20)} if gpu.memory_mib else {}
     attributes: dict[str, AttributeValue] = {"type": GPU_TYPE, "uuid": gpu.uuid}
     attributes.update(gpu_attributes(gpu, driver))
     if fabric is not None and fabric.attached:  # its NVLink domain, for claims to match
         attributes[CLUSTER_UUID] = fabric.cluster_uuid
         attributes[CLIQUE_ID] = str(fabric.clique_id)
-    return DeviceFacts(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
+    device = DeviceFacts(f"gpu-{gpu.minor}", resource, gpu.uuid, attributes, capacity)
+    policies = share_policies(gpu.memory_mib * 2**20, shares) if shares is not None else {}
+    if not policies:
+        return device
+    capacity = {**capacity, COMPUTE: str(COMPUTE_PERCENT)}
+    return dataclasses.replace(device, capacity=capacity, shared=True, policies=policies)
+
+
+def share_policies(memory: int, shares: Shares) -> dict[str, RequestPolicy]:
+    """What a share consumes of a GPU with `memory` bytes: memory in steps, by default all
+    of it on the step grid (the API server refuses a default or max off the grid), and
+    none of its SMs unless asked; none where the memory is below one step."""
+    step = shares.memory_step
+    most = memory // step * step
+    if most < step:
+        return {}
+    on_grid = binary_quantity(most)
+    return {
+        MEMORY: RequestPolicy(on_grid, binary_quantity(step), on_grid, binary_quantity(step)),
+        COMPUTE: RequestPolicy("0", "0", str(COMPUTE_PERCENT), "1"),
+    }
 
 
 def mig_name(parent_minor: int, mig: MigInstance) -> str:
@@ -111,10 +146,12 @@ def devices(
     served: Iterable[tuple[str, Unit]],
     driver: DriverVersions,
     fabrics: Mapping[str, Fabric | None] | None = None,
+    shares: Shares | None = None,
 ) -> tuple[DeviceFacts, ...]:
     """The device of each served unit (resource name, unit): a whole GPU, or a MIG
     instance; a replica's GPU or instance once, under the first resource that serves it.
-    A whole GPU attached to an NVLink fabric carries its cluster UUID and clique ID."""
+    A whole GPU attached to an NVLink fabric carries its cluster UUID and clique ID; with
+    `shares` each whole GPU is shared (MIG instances never are)."""
     by_uuid: Mapping[str, Gpu] = {g.uuid: g for g in gpus}
     out: dict[str, DeviceFacts] = {}
     for resource, unit in served:
@@ -123,7 +160,7 @@ def devices(
             continue
         if unit.visible_id == gpu.uuid:
             fabric = (fabrics or {}).get(gpu.uuid)
-            out[unit.visible_id] = whole_gpu(gpu, resource, driver, fabric)
+            out[unit.visible_id] = whole_gpu(gpu, resource, driver, fabric, shares)
             continue
         mig = next((m for m in gpu.mig if m.uuid == unit.visible_id), None)
         if mig is not None:

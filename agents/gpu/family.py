@@ -192,7 +192,8 @@ class GpuFamily:
             for u in r.plan.units
             if u.gpu_uuid not in self._gone
         ]
-        found = dra.devices(self.gpus, served, self._driver, self._fabrics)
+        shares = self._config.sharing.served_shares
+        found = dra.devices(self.gpus, served, self._driver, self._fabrics, shares)
         return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts)
 
     def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:

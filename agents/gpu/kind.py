@@ -46,6 +46,9 @@ def discover_gpus(
     """Blocking. Raises BackendError or ConfigError, holding nothing then."""
     root = "" if dev_root is None else str(dev_root)
     flags = config.flags
+    shares = config.sharing.shares
+    if shares is not None and not shares.by_claims:
+        log.warning("device_plugin_ignores_key", key="sharing.shares", reason="DRA only")
     channels = imex_channels(config.imex, flags.container_driver_root, root, source)
     try:
         waited(nvml.init, START_WAIT_S, "init")
@@ -141,7 +144,7 @@ class GpuKind:
         """Under DRA a MIG-enabled GPU offers its instances and any other GPU itself, each
         named by UUID; claims share GPUs, so time-slicing and the keys that choose
         otherwise are set back, and the device-plugin API's own keys, which nothing reads
-        here, are ignored: one warning each."""
+        here, are ignored: one warning each. `sharing.shares` is read here only."""
         flags, default = config.flags, Config.default()
         ignored = [
             key
@@ -167,7 +170,11 @@ class GpuKind:
         named = dataclasses.replace(
             flags, mig_strategy="mixed", device_id_strategy="uuid", mps_root=None
         )
-        return dataclasses.replace(config, flags=named, sharing=Sharing(), imex=Imex())
+        shares = config.sharing.shares
+        if shares is not None:
+            shares = dataclasses.replace(shares, by_claims=True)
+        sharing = Sharing(shares=shares)
+        return dataclasses.replace(config, flags=named, sharing=sharing, imex=Imex())
 
     def build(self, found: GpusFound, config: Config, context: Context) -> GpuFamily:
         return GpuFamily(

@@ -30,6 +30,18 @@ AttributeValue = str | int | bool | Version
 
 
 @dataclass(frozen=True)
+class RequestPolicy:
+    """What one allocation of a shared device consumes of a capacity (quantities):
+    `default` where the claim names none, else its ask rounded up onto `minimum` +
+    n * `step`, at most `maximum`."""
+
+    default: str
+    minimum: str
+    maximum: str
+    step: str
+
+
+@dataclass(frozen=True)
 class DeviceFacts:
     """One device's facts. Attribute names without a domain belong to the driver's."""
 
@@ -38,6 +50,9 @@ class DeviceFacts:
     device_id: str  # its ID in that resource's inventory
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     capacity: Mapping[str, str] = field(default_factory=dict)  # quantities: "81920Mi"
+    # Allocated to several claims at once, each consuming of the capacities with a policy.
+    shared: bool = False
+    policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
 
 
 def takes_none(parameters: Mapping[str, object]) -> str:

@@ -120,6 +120,9 @@ class Store:
     # False: as an API server without the DRADeviceTaints gate (alpha in v1.34), which
     # drops devices' taints from what it stores without a word.
     device_taints: bool = True
+    # False: as an API server without DRAConsumableCapacity (off by default before
+    # v1.36), which drops devices' multiple allocations and capacities' request policies.
+    consumable_capacity: bool = True
     _uids: itertools.count[int] = field(default_factory=itertools.count)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> Obj:
@@ -378,6 +381,10 @@ class Store:
         for device in stored["spec"].get("devices") or []:
             if not self.device_taints:
                 device.pop("taints", None)
+            if not self.consumable_capacity:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
             for taint in device.get("taints") or []:
                 taint.setdefault("timeAdded", "2025-01-01T00:00:00Z")  # its default
         return stored

@@ -8,7 +8,8 @@ from fractions import Fraction
 import pytest
 
 from agents.core.health import DeviceHealth, GpuLost, Xids
-from agents.dra.slices import build_slices, causes_of, quantity, same_spec, slice_name
+from agents.core.quantity import quantity
+from agents.dra.slices import build_slices, causes_of, same_spec, slice_name
 from agents.kernel.facts import DeviceFacts, FamilyFacts
 
 GPUS = FamilyFacts(
