@@ -16,7 +16,7 @@ from agents.core.health import DeviceHealth
 from agents.core.ledger import PairingSide
 from agents.core.topology import PciLocation
 from agents.kernel.catalogue import Resource
-from agents.kernel.edits import ContainerEdits, DeviceKey
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
 from agents.kernel.offer import Offer
 from agents.timing import PRODUCTION, Timing
 
@@ -113,8 +113,11 @@ class Family(Offer, Protocol):
         device ID) that serves it; read again whenever a resource's inventory changes."""
         ...
 
-    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
-        """What one container gets for these devices (resource, device ID) together."""
+    def edits(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
+    ) -> ContainerEdits:
+        """What one container gets for these devices (resource, device ID) together;
+        `consumed`: what shares of them the claim holds (devices shared, not whole)."""
         ...
 
     async def run(self) -> None:

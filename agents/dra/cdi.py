@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.atomic_file import write_atomically
-from agents.core.device import DeviceNode
+from agents.core.device import DeviceNode, Mount
 
 CDI_ROOT = Path("/var/run/cdi")
 CDI_VERSION = "0.5.0"  # the first version whose device names may start with a digit
@@ -41,12 +41,16 @@ def device_id(driver: str, claim_uid: str, device: str) -> str:
 
 
 def cdi_ids(
-    driver: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    env: Mapping[str, str],
+    mounts: Sequence[Mount] = (),
 ) -> dict[str, tuple[str, ...]]:
     """Device name -> the CDI IDs a container of the claim gets for it: its own (where it
-    has device nodes) and the claim's environment device (where there is an environment).
-    CDI refuses a device without edits, so neither is written empty."""
-    shared = (device_id(driver, claim_uid, ENV_DEVICE),) if env else ()
+    has device nodes) and the claim's environment device (where there is an environment
+    or a mount). CDI refuses a device without edits, so neither is written empty."""
+    shared = (device_id(driver, claim_uid, ENV_DEVICE),) if env or mounts else ()
     return {
         d.name: ((device_id(driver, claim_uid, d.name),) if d.nodes else ()) + shared
         for d in devices
@@ -54,7 +58,11 @@ def cdi_ids(
 
 
 def spec_document(
-    driver: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[CdiDevice],
+    env: Mapping[str, str],
+    mounts: Sequence[Mount] = (),
 ) -> dict[str, Any]:
     """The spec as a document; ValueError for a name CDI would refuse."""
     entries = [
@@ -62,13 +70,11 @@ def spec_document(
         for d in devices
         if d.nodes
     ]
-    if env:
-        entries.append(
-            {
-                "name": _checked(f"{claim_uid}-{ENV_DEVICE}"),
-                "containerEdits": {"env": [f"{key}={value}" for key, value in env.items()]},
-            }
-        )
+    if env or mounts:
+        edits: dict[str, Any] = {"env": [f"{key}={value}" for key, value in env.items()]}
+        if mounts:
+            edits["mounts"] = [_mount(m) for m in mounts]
+        entries.append({"name": _checked(f"{claim_uid}-{ENV_DEVICE}"), "containerEdits": edits})
     return {"cdiVersion": CDI_VERSION, "kind": kind(driver), "devices": entries}
 
 
@@ -81,6 +87,15 @@ def _nodes(device: CdiDevice) -> list[dict[str, str]]:
         node["permissions"] = spec.permissions
         nodes.append(node)
     return nodes
+
+
+def _mount(mount: Mount) -> dict[str, Any]:
+    access = "ro" if mount.read_only else "rw"
+    return {
+        "hostPath": mount.host_path,
+        "containerPath": mount.container_path,
+        "options": ["rbind", access],
+    }
 
 
 def _checked(name: str) -> str:
@@ -99,15 +114,20 @@ class CdiSpecs:
         return self.root / f"k8s.{driver}-claim_{claim_uid}.yaml"
 
     def write(
-        self, driver: str, claim_uid: str, devices: Sequence[CdiDevice], env: Mapping[str, str]
+        self,
+        driver: str,
+        claim_uid: str,
+        devices: Sequence[CdiDevice],
+        env: Mapping[str, str],
+        mounts: Sequence[Mount] = (),
     ) -> dict[str, tuple[str, ...]]:
         """Write (or rewrite) the claim's spec atomically; returns `cdi_ids` of it."""
-        document = spec_document(driver, claim_uid, devices, env)
+        document = spec_document(driver, claim_uid, devices, env, mounts)
         import yaml  # DRA mode only
 
         text = yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
         write_atomically(self.path(driver, claim_uid), text.encode(), SPEC_MODE)
-        return cdi_ids(driver, claim_uid, devices, env)
+        return cdi_ids(driver, claim_uid, devices, env, mounts)
 
     def remove(self, driver: str, claim_uid: str) -> bool:
         """Remove the claim's spec; False when there was none (removing twice is fine)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.atomic_file import write_atomically
-from agents.core.device import DeviceNode
+from agents.core.device import DeviceNode, Mount
 from agents.errors import AgentError
 
 VERSION = 1
@@ -43,6 +43,17 @@ class PreparedDevice:
     admin_access: bool = False
     resource: str = ""  # the family resource that served it, and its ID there: what the
     device_id: str = ""  # device-plugin API must not hand out while the claim holds it
+    share_id: str = ""  # one share of a device other claims may share too; "" whole
+    consumed: Mapping[str, str] = field(default_factory=dict)  # what the share takes
+
+    @property
+    def cdi_name(self) -> str:
+        return share_name(self.device, self.share_id)
+
+
+def share_name(device: str, share_id: str) -> str:
+    """A prepared device's CDI device name after the claim UID: the device, and its share."""
+    return f"{device}-{share_id}" if share_id else device
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,7 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()  # every container of the claim gets, with its env
 
 
 class ClaimCheckpoint:
@@ -124,24 +136,32 @@ def _checksum(data: Any) -> str:
 
 
 def _claim_data(claim: PreparedClaim) -> dict[str, Any]:
-    return {
+    data: dict[str, Any] = {
         "namespace": claim.namespace,
         "name": claim.name,
         "env": dict(claim.env),
-        "devices": [
-            {
-                "device": d.device,
-                "requests": list(d.requests),
-                "pool": d.pool,
-                "cdiIDs": list(d.cdi_ids),
-                "nodes": [[n.container_path, n.host_path, n.permissions] for n in d.nodes],
-                "adminAccess": d.admin_access,
-                "resource": d.resource,
-                "deviceID": d.device_id,
-            }
-            for d in claim.devices
-        ],
+        "devices": [_device_data(d) for d in claim.devices],
     }
+    if claim.mounts:  # written only where there are: older files stay as they were
+        data["mounts"] = [[m.container_path, m.host_path, m.read_only] for m in claim.mounts]
+    return data
+
+
+def _device_data(device: PreparedDevice) -> dict[str, Any]:
+    n = device.nodes
+    data: dict[str, Any] = {
+        "device": device.device,
+        "requests": list(device.requests),
+        "pool": device.pool,
+        "cdiIDs": list(device.cdi_ids),
+        "nodes": [[node.container_path, node.host_path, node.permissions] for node in n],
+        "adminAccess": device.admin_access,
+        "resource": device.resource,
+        "deviceID": device.device_id,
+    }
+    if device.share_id:
+        data |= {"shareID": device.share_id, "consumed": dict(device.consumed)}
+    return data
 
 
 def _claim(data: dict[str, Any]) -> PreparedClaim:
@@ -153,7 +173,15 @@ def _claim(data: dict[str, Any]) -> PreparedClaim:
         name=_str(data["name"]),
         devices=tuple(_device(d) for d in _list(data["devices"])),
         env={_str(key): _str(value) for key, value in env.items()},
+        mounts=tuple(_mount(m) for m in _list(data.get("mounts", []))),
     )
+
+
+def _mount(data: Any) -> Mount:
+    inside, host, read_only = _list(data)
+    if not isinstance(read_only, bool):
+        raise TypeError("a mount's read_only is not a boolean")
+    return Mount(_str(inside), _str(host), read_only)
 
 
 def _device(data: dict[str, Any]) -> PreparedDevice:
@@ -168,7 +196,15 @@ def _device(data: dict[str, Any]) -> PreparedDevice:
         admin_access=data["adminAccess"],
         resource=_str(data.get("resource", "")),
         device_id=_str(data.get("deviceID", "")),
+        share_id=_str(data.get("shareID", "")),
+        consumed=_strings_map(data.get("consumed", {})),
     )
+
+
+def _strings_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{value!r} is not a map")
+    return {_str(k): _str(v) for k, v in value.items()}
 
 
 def _list(value: Any) -> list[Any]:

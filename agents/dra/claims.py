@@ -4,9 +4,12 @@ asked for, and what the scheduler allocated (results and opaque config) as plain
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from agents.core.quantity import quantity
 from agents.errors import AgentError
 
 if TYPE_CHECKING:
@@ -43,6 +46,8 @@ class AllocationResult:
     pool: str
     device: str
     admin_access: bool = False
+    share_id: str = ""  # one share of a device several claims hold at once; "" whole
+    consumed: Mapping[str, str] = field(default_factory=dict)  # capacity -> quantity
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ def claim_of(obj: dict[str, Any], namespace: str, name: str, uid: str) -> Claim:
             str(r.get("pool") or ""),
             str(r.get("device") or ""),
             r.get("adminAccess") is True,
+            str(r.get("shareID") or ""),
+            _quantities(r.get("consumedCapacity")),
         )
         for r in _dicts(devices.get("results"))
     )
@@ -116,6 +123,32 @@ def claim_of(obj: dict[str, Any], namespace: str, name: str, uid: str) -> Claim:
         if isinstance(c.get("opaque"), dict)
     )
     return Claim(namespace, name, uid, results, config)
+
+
+def consumed(results: Sequence[AllocationResult]) -> dict[str, dict[str, str]]:
+    """Per device that `results` hold shares of, what those shares consume together."""
+    totals: dict[str, dict[str, Fraction | str]] = {}
+    for result in results:
+        if not result.share_id:
+            continue
+        device = totals.setdefault(result.device, {})
+        for name, text in result.consumed.items():
+            value, before = quantity(text), device.get(name)
+            if before is None or not isinstance(value, Fraction):
+                device[name] = value if before is None else text
+            elif isinstance(before, Fraction):
+                device[name] = before + value
+    return {d: {k: _shown(v) for k, v in used.items()} for d, used in totals.items()}
+
+
+def _shown(value: Fraction | str) -> str:
+    if isinstance(value, str):
+        return value
+    return str(value.numerator) if value.denominator == 1 else str(float(value))
+
+
+def _quantities(value: object) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _at(obj: object, *keys: str) -> object:

@@ -20,10 +20,11 @@ from agents.dra.claim_checkpoint import (
     ClaimCheckpoint,
     PreparedClaim,
     PreparedDevice,
+    share_name,
 )
-from agents.dra.claims import AllocationResult, Claim, ClaimError
+from agents.dra.claims import AllocationResult, Claim, ClaimError, consumed
 from agents.kernel.catalogue import Resource
-from agents.kernel.edits import ContainerEdits, DeviceKey
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
 from agents.kernel.facts import DeviceFacts, FamilyFacts, takes_none
 from agents.tasks import off_loop
 
@@ -60,6 +61,14 @@ class Store(Protocol):
 ReadClaim = Callable[[ClaimRef], Awaitable[Claim]]  # raises ClaimError
 
 
+class Edits(Protocol):
+    """What a family says a container gets for a claim's devices (and its shares)."""
+
+    def __call__(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None, /
+    ) -> ContainerEdits: ...
+
+
 class ClaimStore:
     """A driver's checkpoint in `<plugins-dir>/<driver>/` and its specs in the CDI root."""
 
@@ -84,7 +93,7 @@ class ClaimStore:
         self.checkpoint.save(claims)
 
     def write_spec(self, uid: str, claim: PreparedClaim) -> None:
-        self.cdi.write(self.driver, uid, _cdi_devices(claim), claim.env)
+        self.cdi.write(self.driver, uid, _cdi_devices(claim), claim.env, claim.mounts)
 
     def remove_spec(self, uid: str) -> None:
         self.cdi.remove(self.driver, uid)
@@ -94,7 +103,7 @@ class ClaimStore:
 
 
 def _cdi_devices(claim: PreparedClaim) -> list[CdiDevice]:
-    return [CdiDevice(d.device, d.nodes) for d in claim.devices]
+    return [CdiDevice(d.cdi_name, d.nodes) for d in claim.devices]
 
 
 class Driver:
@@ -118,7 +127,7 @@ class Driver:
         self._on_change = on_change  # told after each change of `prepared`
         self._devices: dict[str, DeviceFacts] = {}
         self._resources: dict[str, Resource] = {}
-        self._edits: Callable[[Sequence[DeviceKey]], ContainerEdits] = lambda _: ContainerEdits()
+        self._edits: Edits = lambda _devices, _consumed=None: ContainerEdits()
         self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
@@ -127,7 +136,7 @@ class Driver:
         self,
         devices: FamilyFacts,
         resources: Mapping[str, Resource],
-        edits: Callable[[Sequence[DeviceKey]], ContainerEdits],
+        edits: Edits,
     ) -> None:
         """The devices the driver serves now (at start, on reload, on a device change),
         and what a container gets for a set of them (their family's answer)."""
@@ -146,14 +155,14 @@ class Driver:
         # (health.degraded.report) is prepared like any other.
         return found is not None and (found.healthy or found.degraded)
 
-    def held(self) -> dict[str, ClaimRef]:
-        """Device name -> the claim that holds it exclusively."""
-        return {
-            d.device: ClaimRef(claim.namespace, uid, claim.name)
-            for uid, claim in self.prepared.items()
-            for d in claim.devices
-            if not d.admin_access
-        }
+    def holder(self, device: str, *, share: bool) -> ClaimRef | None:
+        """A claim that holds `device` so that it cannot be prepared again: whole (for
+        a share, or for all of it), or a share of it (for all of it)."""
+        for uid, claim in self.prepared.items():
+            for d in claim.devices:
+                if d.device == device and not d.admin_access and not (share and d.share_id):
+                    return ClaimRef(claim.namespace, uid, claim.name)
+        return None
 
     async def restore(self) -> None:
         """Take up the claims of the checkpoint and write their CDI specs again (the CDI
@@ -251,7 +260,7 @@ class Driver:
             raise ClaimError(
                 f"device {result.device}: held by a running pod through the device-plugin API"
             )
-        holder = self.held().get(device.name)
+        holder = self.holder(device.name, share=bool(result.share_id))
         if holder is not None and not result.admin_access:
             raise ClaimError(f"device {result.device}: already prepared for claim {holder}")
         return device
@@ -259,28 +268,37 @@ class Driver:
     def _prepared(
         self, claim: ClaimRef, results: Sequence[AllocationResult], devices: Sequence[DeviceFacts]
     ) -> PreparedClaim:
-        by_device: dict[str, list[AllocationResult]] = {}
+        """One prepared device per device held whole, and per share of a shared one."""
+        by_share: dict[tuple[str, str], list[AllocationResult]] = {}
         for result in results:
-            by_device.setdefault(result.device, []).append(result)
-        unique = list({d.name: d for d in devices}.values())
-        edits = self._edits([(d.resource, d.device_id) for d in unique])  # once per claim
+            by_share.setdefault((result.device, result.share_id), []).append(result)
+        facts = {d.name: d for d in devices}
+        keys = {name: (d.resource, d.device_id) for name, d in facts.items()}
+        shared = {keys[name]: used for name, used in consumed(results).items()}
+        # once per claim; a family that shares no device is never told of shares
+        edits = (
+            self._edits(list(keys.values()), shared) if shared else self._edits(list(keys.values()))
+        )
         env = edits.named_env()
-        nodes = {d.name: edits.device_nodes[d.resource, d.device_id] for d in unique}
-        cdi = cdi_ids(self.name, claim.uid, [CdiDevice(n, nodes[n]) for n in nodes], env)
+        nodes = {name: edits.device_nodes[key] for name, key in keys.items()}
+        names = [CdiDevice(share_name(n, s), nodes[n]) for n, s in by_share]
+        cdi = cdi_ids(self.name, claim.uid, names, env, edits.mounts)
         prepared = tuple(
             PreparedDevice(
-                device=device.name,
-                requests=tuple(dict.fromkeys(r.request for r in by_device[device.name])),
+                device=name,
+                requests=tuple(dict.fromkeys(r.request for r in held)),
                 pool=self.pool,
-                cdi_ids=cdi[device.name],
-                nodes=nodes[device.name],
-                admin_access=all(r.admin_access for r in by_device[device.name]),
-                resource=device.resource,
-                device_id=device.device_id,
+                cdi_ids=cdi[share_name(name, share)],
+                nodes=nodes[name],
+                admin_access=all(r.admin_access for r in held),
+                resource=facts[name].resource,
+                device_id=facts[name].device_id,
+                share_id=share,
+                consumed=dict(held[0].consumed) if share else {},
             )
-            for device in unique
+            for (name, share), held in by_share.items()
         )
-        return PreparedClaim(claim.namespace, claim.name, prepared, env)
+        return PreparedClaim(claim.namespace, claim.name, prepared, env, edits.mounts)
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
         out: dict[str, ClaimError | None] = {}

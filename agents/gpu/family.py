@@ -25,10 +25,11 @@ from agents.gpu.found import GpusFound
 from agents.gpu.gfd import GfdLabels
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
+from agents.gpu.shares import share_edits
 from agents.gpu.signals import GpuSignalWatch
 from agents.hw.nvml import GpuStatus, GpuTouches, Nvml, XidEvent
 from agents.hw.nvml_calls import StatusProbe, bounded
-from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.labels import label_value
 from agents.timing import PRODUCTION, Timing
@@ -96,6 +97,8 @@ class GpuFamily:
         self._fabric_gpus = frozenset(u for u, f in found.fabrics.items() if f is not None)
         self._kick = asyncio.Event()  # probe now: the event wait returned early
         self._mps = found.mps
+        self._shares_enforced = found.shares_enforced
+        self._dev_root = found.dev_root
         self._mps_restart_s = timing.mps_restart_s
 
     def _build(
@@ -196,9 +199,21 @@ class GpuFamily:
         found = dra.devices(self.gpus, served, self._driver, self._fabrics, shares)
         return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts)
 
-    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+    def edits(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
+    ) -> ContainerEdits:
+        """What a container gets for these devices; for shares (`consumed`), with the
+        GPUs in PCI bus order and the limits MPS holds them to."""
         by_name = {r.name: r for r in self._resources}
-        return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
+        if consumed:
+            bus = {g.uuid: g.pci for g in self.gpus}
+            devices = sorted(devices, key=lambda key: bus.get(key[1], key[1]))
+        base = merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
+        if not consumed:
+            return base
+        shares = self._config.sharing.served_shares
+        mps = (shares, self._dev_root) if shares is not None and self._shares_enforced else None
+        return share_edits(base, devices, consumed, mps)
 
     def follow(self, earlier: Family) -> None:
         if not isinstance(earlier, GpuFamily):

@@ -28,3 +28,4 @@ class GpusFound:
     fabrics: dict[str, Fabric | None] = field(default_factory=dict)  # by GPU UUID
     imex_channels: tuple[int, ...] = ()  # the configured IMEX channels the node has
     mps: MpsDaemons | None = None  # the MPS-shared resources' control daemons, started
+    shares_enforced: bool = False  # DRA shares' containers are told MPS limits

@@ -22,6 +22,7 @@ from agents.gpu.gfd import read_fabrics, vgpus
 from agents.gpu.imex import imex_channels
 from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import plan_resources
+from agents.gpu.shares import enforced
 from agents.hw.mps_control import MpsControl
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
@@ -83,6 +84,7 @@ def discover_gpus(
         fabrics=fabrics,
         imex_channels=channels,
         mps=mps if mps.daemons else None,
+        shares_enforced=enforced(config.sharing.served_shares, mps_control, root),
     )
 
 

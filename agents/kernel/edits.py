@@ -12,6 +12,9 @@ from typing import TypeVar
 from agents.core.device import DeviceNode, Mount
 
 DeviceKey = tuple[str, str]  # (resource, device ID)
+# Per device shared by a claim (DRA's consumable capacity): each capacity's name and the
+# quantity the claim's shares of it consume ("memory": "20Gi").
+Consumed = Mapping[DeviceKey, Mapping[str, str]]
 T = TypeVar("T")
 
 

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from agents.core.health import DeviceHealth
 from agents.kernel.catalogue import Resource
-from agents.kernel.edits import ContainerEdits, DeviceKey
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
 from agents.kernel.facts import FamilyFacts
 
 
@@ -29,6 +29,9 @@ class Offer(Protocol):
         """Every advertised device's health and why."""
         ...
 
-    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
-        """What one container gets for these devices (resource, device ID) together."""
+    def edits(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
+    ) -> ContainerEdits:
+        """What one container gets for these devices (resource, device ID) together;
+        `consumed`: what shares of them the claim holds (devices shared, not whole)."""
         ...

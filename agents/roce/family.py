@@ -26,7 +26,7 @@ from agents.family import Family, HealthSink, Located
 from agents.hw.lldp import NeighbourSource
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
-from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import FamilyFacts
 from agents.roce import dra
 from agents.roce.discovery import Nic, discover
@@ -129,7 +129,9 @@ class RoceFamily:
         devices = dra.devices(self._nics, self._resource.name, self.fabric.neighbours)
         return FamilyFacts(dra.DRIVER, devices)
 
-    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+    def edits(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
+    ) -> ContainerEdits:
         by_name = {r.name: r for r in self.resources()}
         return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
 

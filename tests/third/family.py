@@ -18,7 +18,7 @@ from agents.core.topology import PciLocation
 from agents.family import Context, Family, HealthSink, Located
 from agents.hw.inotify import Change, DirectoryWatch
 from agents.kernel.catalogue import Inventory
-from agents.kernel.edits import ContainerEdits, DeviceKey, by_resource, merged
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey, by_resource, merged
 from agents.kernel.facts import NUMA_NODE, AttributeValue, DeviceFacts, FamilyFacts, Version
 from agents.tasks import first
 
@@ -165,7 +165,9 @@ class CardFamily:
     def facts(self) -> FamilyFacts:
         return FamilyFacts(DRIVER, tuple(_facts(c) for c in self._cards))
 
-    def edits(self, devices: Sequence[DeviceKey]) -> ContainerEdits:
+    def edits(
+        self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
+    ) -> ContainerEdits:
         by_name = {r.name: r for r in self.resources()}
         return merged([by_name[r].edits(ids) for r, ids in by_resource(devices).items()])
 

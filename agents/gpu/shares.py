@@ -1,0 +1,99 @@
+"""Shares of whole GPUs under DRA (`sharing.shares`): what a container gets for the shares
+its claim consumed (the GPUs in PCI bus order, and MPS's limits where MPS enforces them),
+and whether it does."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import structlog
+
+from agents.config_shares import Shares
+from agents.core.quantity import quantity
+from agents.errors import BackendError
+from agents.gpu import mps_paths
+from agents.gpu.dra import COMPUTE, DRIVER, MEMORY
+from agents.gpu.mps import PROBE
+from agents.hw.mps_control import MpsControl
+from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
+
+log = structlog.get_logger(__name__)
+
+DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_PIPES = DRIVER  # one pipe directory under the MPS root for every shared GPU
+
+
+def enforced(shares: Shares | None, control: MpsControl | None, root: str = "") -> bool:
+    """Blocking (makes the directories containers mount, asks the MPS control daemon).
+    Whether shares' containers are told MPS's limits; where they are not, or no daemon
+    enforces them yet, says so once."""
+    if shares is None:
+        return False
+    host = root + shares.mps_root
+    pipe = mps_paths.pipe_dir(host, MPS_PIPES)
+    why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
+    if shares.enforce == "mps" and control is not None:
+        try:
+            for directory in (pipe, mps_paths.shm_dir(host)):
+                os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            why = f"{pipe} cannot be made: {exc}"
+        else:
+            why = ""
+    if why:
+        log.warning("gpu_shares_unenforced", reason=why, effect="shares get no MPS limits")
+        return False
+    assert control is not None
+    try:
+        control.send(pipe, mps_paths.log_dir(host, MPS_PIPES), PROBE)
+    except BackendError as exc:
+        log.warning(
+            "gpu_shares_unenforced",
+            reason=f"no MPS control daemon answers at {pipe}: {exc}",
+            effect="containers are told the limits; they hold once a daemon serves there",
+        )
+    return True
+
+
+def share_edits(
+    base: ContainerEdits,
+    ordered: Sequence[DeviceKey],
+    consumed: Consumed,
+    mps: tuple[Shares, str] | None,
+) -> ContainerEdits:
+    """`base` (the edits of `ordered`, GPUs in PCI bus order) for a container of shares:
+    CUDA counts GPUs in that order too, and with `mps` (the shares' config and the host
+    root it is under) each GPU's consumed memory and the smallest compute asked for are
+    MPS's limits, with the daemon's pipes and shared memory."""
+    env = {**base.env, DEVICE_ORDER: "PCI_BUS_ID"}
+    if mps is None:
+        return dataclasses.replace(base, env=env)
+    shares, host_root = mps
+    env |= mps_paths.client_env(MPS_PIPES)
+    limits = memory_limits(ordered, consumed)
+    if limits:
+        env[MEMORY_LIMIT] = limits
+    computes = [c for key in ordered if (c := _amount(consumed.get(key, {}), COMPUTE)) > 0]
+    if computes:
+        env[THREAD_PERCENTAGE] = str(int(min(computes)))
+    mounts = (*base.mounts, *mps_paths.client_mounts(host_root + shares.mps_root, MPS_PIPES))
+    return dataclasses.replace(base, env=env, mounts=tuple(dict.fromkeys(mounts)))
+
+
+def memory_limits(ordered: Sequence[DeviceKey], consumed: Consumed) -> str:
+    """`<ordinal>=<MiB>M,...` of each shared GPU by its place in `ordered`."""
+    return ",".join(
+        f"{ordinal}={int(memory) // 2**20}M"
+        for ordinal, key in enumerate(ordered)
+        if (memory := _amount(consumed.get(key, {}), MEMORY)) > 0
+    )
+
+
+def _amount(capacities: Mapping[str, str], name: str) -> Fraction:
+    value = quantity(capacities.get(name, "0"))
+    return value if isinstance(value, Fraction) else Fraction(0)
