@@ -232,6 +232,7 @@ class Driver:
             driver=self.name,
             claim=str(claim),
             devices=[d.device for d in prepared.devices],
+            shares={d.cdi_name: dict(d.consumed) for d in prepared.devices if d.share_id},
         )
         return prepared
 

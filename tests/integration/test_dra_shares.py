@@ -70,7 +70,7 @@ async def test_each_whole_gpu_is_published_with_its_consumable_memory_and_comput
 async def test_two_claims_shares_of_one_gpu_are_prepared_side_by_side_and_kept(
     dra_node: DraNode, node_file: Path, tmp_path: Path
 ) -> None:
-    await started(dra_node, node_file, tmp_path, "mps")
+    agent = await started(dra_node, node_file, tmp_path, "mps")
     share(dra_node, "a", SHARE_A)
     share(dra_node, "b", SHARE_B)
     assert await prepared(dra_node, "a") == (
@@ -78,6 +78,7 @@ async def test_two_claims_shares_of_one_gpu_are_prepared_side_by_side_and_kept(
         [f"k8s.{GPU}/claim=a-gpu-0-{SHARE_A}", f"k8s.{GPU}/claim=a-env"],
     )
     assert (await prepared(dra_node, "b"))[0] == ""
+    assert "shares={'gpu-0-" + SHARE_B + "': {'memory': '20Gi', 'compute': '25'}}" in (agent.stderr)
     told = env(dra_node, "b")
     assert told["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert told["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
