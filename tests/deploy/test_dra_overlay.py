@@ -353,11 +353,19 @@ def test_example_extended_resource_pod_asks_for_the_gpu_class_extended_name() ->
     assert "resourceClaims" not in pod["spec"]
 
 
+def test_the_share_example_asks_a_gpu_for_consumable_memory_and_compute() -> None:
+    template = _example("claim-template-gpu-share.yaml")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert request["exactly"]["capacity"]["requests"] == {"memory": "20Gi", "compute": "25"}
+
+
 def test_examples_are_not_part_of_the_overlay() -> None:
     kinds = {o["kind"] for o in render(DRA)}
     assert not kinds & {"Pod", "ResourceClaimTemplate"}
     assert sorted(p.name for p in Path(EXAMPLES).iterdir()) == [
         "claim-template-2gpu-2nic.yaml",
+        "claim-template-gpu-share.yaml",
         "pod-2gpu-2nic.yaml",
         "pod-extended-resource.yaml",
     ]
