@@ -21,7 +21,7 @@ from agents.errors import AllocationError, Code
 from agents.gpu.allocation import GpuNodes, gpu_edits
 from agents.gpu.plan import ResourcePlan, Unit
 from agents.kernel.catalogue import Inventory, listed
-from agents.kernel.edits import ContainerEdits
+from agents.kernel.edits import ContainerEdits, KeptEdits
 
 ANSWERS_KEPT = 1024  # Allocate answers kept per resource: past it, all are forgotten
 
@@ -76,7 +76,7 @@ class GpuResource:
             options.mps_root if plan.mps else None,
         )
         # What a container gets, by device IDs in the order given (see `edits`).
-        self._answers: dict[tuple[str, ...], ContainerEdits] = {}
+        self._answers = KeptEdits(self._edits, ANSWERS_KEPT)
 
     @property
     def whole_gpus(self) -> bool:
@@ -140,16 +140,11 @@ class GpuResource:
         """What a container gets for these units together, and each unit's device nodes;
         kept per set of devices in the order given, as it depends on nothing else for the
         life of this resource (a reload makes a new one)."""
-        key = tuple(device_ids)
-        answer = self._answers.get(key)
-        if answer is None:
-            if len(self._answers) >= ANSWERS_KEPT:
-                self._answers.clear()
-            units = [self._units[i] for i in device_ids]
-            answer = self._answers[key] = gpu_edits(
-                self._name, units, self._options.flags, self._nodes
-            )
-        return answer
+        return self._answers.get(device_ids)
+
+    def _edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        units = [self._units[i] for i in device_ids]
+        return gpu_edits(self._name, units, self._options.flags, self._nodes)
 
     def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int

@@ -5,7 +5,7 @@ DRA runtime into CDI specs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -74,6 +74,28 @@ class ContainerEdits:
             env[self.names.variable] = self.names.joined()
             env.update((c.variable, c.joined()) for c in self.names.companions)
         return env
+
+
+class KeptEdits:
+    """A resource's container edits per set of device IDs in the order given, each made
+    once: they depend on nothing else until `clear`. Past `limit` sets, all are forgotten
+    (a bound on memory, not a policy)."""
+
+    def __init__(self, make: Callable[[Sequence[str]], ContainerEdits], limit: int) -> None:
+        self._make, self._limit = make, limit
+        self._kept: dict[tuple[str, ...], ContainerEdits] = {}
+
+    def get(self, device_ids: Sequence[str]) -> ContainerEdits:
+        key = tuple(device_ids)
+        edits = self._kept.get(key)
+        if edits is None:
+            if len(self._kept) >= self._limit:
+                self._kept.clear()
+            edits = self._kept[key] = self._make(device_ids)
+        return edits
+
+    def clear(self) -> None:
+        self._kept.clear()
 
 
 def by_resource(devices: Iterable[DeviceKey]) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ from agents.core.healthy_first import graded, healthy_first
 from agents.core.ledger import PairingSide
 from agents.core.subsets import PairCosts
 from agents.kernel.catalogue import Inventory, listed
-from agents.kernel.edits import ContainerEdits
+from agents.kernel.edits import ContainerEdits, KeptEdits
 from agents.roce.discovery import Nic
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
@@ -39,7 +39,7 @@ class RoceResource:
         self._dev_root = dev_root
         self.nics: dict[str, Nic] = {}
         self._inventory = Inventory()
-        self._answers: dict[tuple[str, ...], ContainerEdits] = {}
+        self._answers = KeptEdits(self._edits, ANSWERS_KEPT)
         self.pairing = pairing  # the GPUs paired with these NICs, if any
         self._pair_costs: PairCosts | None = None
         self.set_nics(nics, {n.pci: True for n in nics})
@@ -91,15 +91,10 @@ class RoceResource:
     def edits(self, device_ids: Sequence[str]) -> ContainerEdits:
         """What a container gets for these NICs together, and each NIC's device nodes;
         kept per set of NICs in the order given until the NICs change."""
-        key = tuple(device_ids)
-        answer = self._answers.get(key)
-        if answer is None:
-            if len(self._answers) >= ANSWERS_KEPT:
-                self._answers.clear()
-            answer = self._answers[key] = self._edits([self.nics[i] for i in device_ids])
-        return answer
+        return self._answers.get(device_ids)
 
-    def _edits(self, nics: Sequence[Nic]) -> ContainerEdits:
+    def _edits(self, device_ids: Sequence[str]) -> ContainerEdits:
+        nics = [self.nics[i] for i in device_ids]
         rdma_cm = self._node(RDMA_CM)
         own = {n.pci: self._node(f"/dev/infiniband/{n.uverbs}") for n in nics}
         return ContainerEdits(
