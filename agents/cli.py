@@ -78,7 +78,11 @@ def main(
 
             return asyncio.run(
                 show_topology(
-                    opts.simulate, opts.config, as_json=opts.json, lldp_wait_s=opts.lldp_wait
+                    opts.simulate,
+                    opts.config,
+                    as_json=opts.json,
+                    lldp_wait_s=opts.lldp_wait,
+                    plugins_dir=opts.kubelet_plugins_dir,
                 )
             )
         if opts.command == "fabric":

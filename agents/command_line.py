@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from agents import __version__
 from agents.core.config_choice import DEFAULT_LABEL
+from agents.dra.api import DEFAULT_KUBELET_PLUGINS_DIR
 
 if TYPE_CHECKING:
     from agents.kernel.runtime import Api
@@ -141,6 +142,14 @@ def build_parser(apis: Sequence[Api] | None = None) -> argparse.ArgumentParser:
         "switch each is cabled to, stopping once every NIC has heard (needs CAP_NET_RAW; "
         f"default {DEFAULT_LLDP_WAIT_S:g}: switches send every 30 s; 0: do not listen). "
         "topo listens itself: it does not ask a running agent",
+    )
+    topo.add_argument(
+        "--kubelet-plugins-dir",
+        type=Path,
+        metavar="DIR",
+        default=Path(DEFAULT_KUBELET_PLUGINS_DIR),
+        help="DRA: where the GPU driver's checkpoint of prepared claims is read, to show "
+        f"each GPU's shares (as `run`'s flag; default {DEFAULT_KUBELET_PLUGINS_DIR})",
     )
     sub.add_parser("demo", help="a guided run on a bundled simulated 8-GPU, 8-NIC node")
     fabric = sub.add_parser("fabric", help="the cluster's leaf groups and spines, from Node labels")

@@ -15,14 +15,18 @@ from agents.command_line import DEFAULT_LLDP_WAIT_S
 from agents.config import Config, load_config
 from agents.core.degraded import Limits
 from agents.core.topology import Topology
+from agents.dra.api import DEFAULT_KUBELET_PLUGINS_DIR
 from agents.gpu.discovery import Gpu, discover, gpu_distance, nvlink_counts
 from agents.grades import Graded, gpu_grades, nic_grades
 from agents.hw.lldp import Neighbour, NeighbourSource
+from agents.hw.mps_control import MpsControl, MpsControlBinary
 from agents.hw.nvml import Nvml
 from agents.hw.sysfs import Sysfs
 from agents.roce.discovery import Nic
 from agents.roce.discovery import discover as discover_nics
+from agents.tasks import off_loop
 from agents.topo_leaves import hear_leaves, on_host, refusal
+from agents.topo_shares import render_shares, shares_report
 
 LEGEND = (
     "PIX = at most one PCIe switch between them; PXB = several switches, no host bridge;\n"
@@ -41,13 +45,15 @@ async def show_topology(
     as_json: bool,
     lldp_wait_s: float = DEFAULT_LLDP_WAIT_S,
     err: TextIO | None = None,
+    plugins_dir: Path = Path(DEFAULT_KUBELET_PLUGINS_DIR),
 ) -> int:
     """Print the report; listens up to lldp_wait_s for the NICs' LLDP neighbours, with its
-    progress on `err` (stderr), so that --json's stdout holds the JSON alone."""
+    progress on `err` (stderr), so that --json's stdout holds the JSON alone. The GPU DRA
+    driver's prepared claims are read from its checkpoint under `plugins_dir`."""
     config = load_config(config_file) if config_file else Config.default()
     limits = config.health.degraded.limits
     why_not = refusal(lldp_wait_s)
-    async with _node(simulate, listen=why_not is None) as (nvml, sysfs, lldp):
+    async with _node(simulate, listen=why_not is None) as (nvml, sysfs, lldp, mps):
         nics = discover_nics(sysfs, config.roce.selectors)
         # Listening starts before the GPUs are read: their frames are heard meanwhile.
         wired = [n.netdev for n in nics if on_host(n.netdev)]
@@ -65,21 +71,34 @@ async def show_topology(
             simulated=simulate is not None,
         )
     report = build_report(gpus, nics, leaves.neighbours, graded, leaves.source)
+    shares = config.sharing.shares
+
+    def read_shares() -> dict[str, Any] | None:
+        found = mps is not None or (shares is not None and _mps_found(simulate))
+        return shares_report(shares, found, gpus, plugins_dir)
+
+    report["shares"] = await off_loop(read_shares, "topo-shares")
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if as_json else render(report))
     return 0
+
+
+def _mps_found(simulate: Path | None) -> bool:
+    """Blocking. Whether the driver's MPS control program is on this (real) node."""
+    return simulate is None and MpsControlBinary.find() is not None
 
 
 @contextlib.asynccontextmanager
 async def _node(
     simulate: Path | None, *, listen: bool
-) -> AsyncIterator[tuple[Nvml, Sysfs, NeighbourSource | None]]:
-    """The node's NVML, sysfs and LLDP neighbours (simulated: the node file's, and frames
-    on its netdevs that exist here; real: an LLDP listener where `listen`); all closed
-    as the context ends, error or not. No link states are read here."""
+) -> AsyncIterator[tuple[Nvml, Sysfs, NeighbourSource | None, MpsControl | None]]:
+    """The node's NVML, sysfs, LLDP neighbours (simulated: the node file's, and frames
+    on its netdevs that exist here; real: an LLDP listener where `listen`) and, simulated,
+    its MPS control program; all closed as the context ends, error or not. No link states
+    are read here."""
     if simulate is not None:
         async with simulated_backends(simulate) as backends:
             try:
-                yield backends.nvml, backends.sysfs, backends.lldp
+                yield backends.nvml, backends.sysfs, backends.lldp, backends.mps
             finally:
                 if backends.lldp is not None:
                     backends.lldp.close()
@@ -89,7 +108,7 @@ async def _node(
 
     lldp = LldpListener() if listen else None
     try:
-        yield NvmlBackend(), Sysfs(), lldp
+        yield NvmlBackend(), Sysfs(), lldp, None
     finally:
         if lldp is not None:
             lldp.close()
@@ -222,6 +241,9 @@ def render(report: dict[str, Any]) -> str:
     for gpu, pair in report["pairs"].items():
         nics = ", ".join(pair["nics"]) or "none"
         lines.append(f"  {gpu:<8} -> {nics} ({pair['distance'] or '-'})")
+    if report.get("shares"):
+        memory = {g["name"]: g["memoryMiB"] for g in report["gpus"]}
+        lines += render_shares(report["shares"], memory)
     lines += ["", LEGEND]
     return "\n".join(lines) + "\n"
 
