@@ -80,7 +80,7 @@ class Agent:
         self.metrics_server: MetricsServer | None = None  # its port is the bound one
         self.holders: DeviceHolders | None = None
         if self.metrics_address is not None:
-            from agents.metrics import Metrics, MetricsServer  # prometheus_client: only if asked
+            from agents.metrics import Metrics, MetricsServer  # imported only if asked
 
             self.metrics = Metrics()
             self.telemetry = self.metrics

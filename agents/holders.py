@@ -9,10 +9,8 @@ import contextlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
 from agents.api import podresources_pb2 as pr
+from agents.exposition import Family
 from agents.kernel.catalogue import Resource
 from agents.kernel.kubelet_facts import PodResources
 
@@ -130,19 +128,19 @@ def _claimed(container: pr.ContainerResources, names: DraNames) -> Iterator[tupl
                 yield found
 
 
-class HoldersCollector(Collector):
+class HoldersCollector:
     """node_agent_device_allocated from the holders' latest answer, at scrape time."""
 
     def __init__(self, holders: DeviceHolders) -> None:
         self._holders = holders
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        allocated = GaugeMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        allocated = Family(
             "node_agent_device_allocated",
             "Each device a container holds, as the kubelet's pod-resources API says (value 1)",
-            labels=["resource", "device", "physical_device", "namespace", "pod", "container"],
+            ["resource", "device", "physical_device", "namespace", "pod", "container"],
         )
         for h in self._holders.holders:
             labels = [h.resource, h.device, h.physical_device, h.namespace, h.pod, h.container]
-            allocated.add_metric(labels, 1)
+            allocated.add(labels, 1)
         yield allocated

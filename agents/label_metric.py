@@ -5,24 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
+from agents.exposition import Family
 from agents.labels import prefixed
 
 
-class LabelCollector(Collector):
+class LabelCollector:
     """1 for each label the agent's families want on the node now, by name and value."""
 
     def __init__(self, labels: Callable[[], Mapping[str, str]]) -> None:
         self._labels = labels
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        family = Family(
             "node_agent_node_label",
             "Each node label the agent writes now, as the node carries it (value 1)",
-            labels=["name", "value"],
+            ["name", "value"],
         )
         for name, value in prefixed(self._labels()).items():
-            family.add_metric([name, value], 1)
+            family.add([name, value], 1)
         yield family

@@ -8,19 +8,16 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from agents import __version__
 from agents.core.health import DeviceHealth, signals_of
 from agents.errors import ConfigError
+from agents.exposition import CONTENT_TYPE, Collector, Counter, Family, Gauge, Histogram, Registry
 from agents.kernel.catalogue import Resource
 
 log = structlog.get_logger(__name__)
 
 RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0)
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 READ_TIMEOUT_S = 5.0  # a scraper sends its request at once; a silent client is dropped
 # The always-on gauges of signal readings (agents/core/readings.py), `node_agent_<name>`
@@ -53,58 +50,59 @@ class Metrics:
     """The agent's metrics; implements the runtime's Telemetry hooks."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.rpc_seconds = Histogram(
-            "node_agent_rpc_duration_seconds",
-            "Device-plugin RPC latency, by resource, method and status code",
-            ["resource", "method", "code"],
-            buckets=RPC_BUCKETS,
-            registry=self.registry,
+        self.registry = reg = Registry()
+        self.rpc_seconds = reg.register(
+            Histogram(
+                "node_agent_rpc_duration_seconds",
+                "Device-plugin RPC latency, by resource, method and status code",
+                ["resource", "method", "code"],
+                buckets=RPC_BUCKETS,
+            )
         )
-        self.allocations = Counter(
-            "node_agent_allocations",
-            "Allocate container requests served",
-            ["resource"],
-            registry=self.registry,
+        self.allocations = reg.register(
+            Counter("node_agent_allocations", "Allocate container requests served", ["resource"])
         )
-        self.allocated_devices = Counter(
-            "node_agent_allocated_devices",
-            "Devices handed out by Allocate",
-            ["resource"],
-            registry=self.registry,
+        self.allocated_devices = reg.register(
+            Counter("node_agent_allocated_devices", "Devices handed out by Allocate", ["resource"])
         )
-        self.registrations = Counter(
-            "node_agent_registrations",
-            "Successful registrations with the kubelet",
-            ["resource"],
-            registry=self.registry,
+        self.registrations = reg.register(
+            Counter(
+                "node_agent_registrations",
+                "Successful registrations with the kubelet",
+                ["resource"],
+            )
         )
-        self.health_events = Counter(
-            "node_agent_health_events",
-            "Device health transitions, by reason",
-            ["resource", "reason"],
-            registry=self.registry,
+        self.health_events = reg.register(
+            Counter(
+                "node_agent_health_events",
+                "Device health transitions, by reason",
+                ["resource", "reason"],
+            )
         )
-        self.xids = Counter(
-            "node_agent_gpu_xid_errors",
-            "XID events NVML delivered for the GPU, by XID (DCGM_FI_DEV_XID_ERRORS counted)",
-            ["resource", "device", "xid"],
-            registry=self.registry,
+        self.xids = reg.register(
+            Counter(
+                "node_agent_gpu_xid_errors",
+                "XID events NVML delivered for the GPU, by XID (DCGM_FI_DEV_XID_ERRORS counted)",
+                ["resource", "device", "xid"],
+            )
         )
-        self.degraded = Gauge(
-            "node_agent_device_degraded",
-            "Whether the signal of the device is out of limits now (1) or was and is no more (0)",
-            ["resource", "device", "signal"],
-            registry=self.registry,
+        self.degraded = reg.register(
+            Gauge(
+                "node_agent_device_degraded",
+                "Whether the signal of the device is out of limits now (1) or was and is no "
+                "more (0)",
+                ["resource", "device", "signal"],
+            )
         )
-        self.signal_figures = Gauge(
-            "node_agent_device_signal_figure",
-            "The figures behind a signal out of limits (e.g. width 8, maxWidth 16)",
-            ["resource", "device", "signal", "figure"],
-            registry=self.registry,
+        self.signal_figures = reg.register(
+            Gauge(
+                "node_agent_device_signal_figure",
+                "The figures behind a signal out of limits (e.g. width 8, maxWidth 16)",
+                ["resource", "device", "signal", "figure"],
+            )
         )
         self.readings_gauges = {
-            name: Gauge(f"node_agent_{name}", text, ["resource", "device"], registry=self.registry)
+            name: reg.register(Gauge(f"node_agent_{name}", text, ["resource", "device"]))
             for name, text in READINGS.items()
         }
         self._signals: dict[tuple[str, str], set[str]] = {}  # series set to 1
@@ -176,32 +174,32 @@ class Metrics:
         self.xids.labels(resource, device, str(xid)).inc()
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return self.registry.exposition()
 
 
-class _DeviceCollector(Collector):
+class _DeviceCollector:
     """Device counts by health, read from the inventories at scrape time."""
 
     def __init__(self, resources: Callable[[], Iterable[Resource]]) -> None:
         self.resources = resources
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        devices = GaugeMetricFamily(
+    def collect(self) -> Iterator[Family]:
+        devices = Family(
             "node_agent_devices",
             "Advertised devices, by resource and grade (Healthy, Degraded, Unhealthy)",
-            labels=["resource", "health"],
+            ["resource", "health"],
         )
         for resource in self.resources():
             listed = resource.inventory.devices
             # Degraded whatever the kubelet is told of it (health.degraded.report).
             slow = sum(1 for d in listed if d.degraded)
             healthy = sum(1 for d in listed if d.healthy and not d.degraded)
-            devices.add_metric([resource.name, "Healthy"], healthy)
-            devices.add_metric([resource.name, "Degraded"], slow)
-            devices.add_metric([resource.name, "Unhealthy"], len(listed) - healthy - slow)
+            devices.add([resource.name, "Healthy"], healthy)
+            devices.add([resource.name, "Degraded"], slow)
+            devices.add([resource.name, "Unhealthy"], len(listed) - healthy - slow)
         yield devices
-        info = GaugeMetricFamily("node_agent_build_info", "Build of the agent", labels=["version"])
-        info.add_metric([__version__], 1)
+        info = Family("node_agent_build_info", "Build of the agent", ["version"])
+        info.add([__version__], 1)
         yield info
 
 

@@ -52,6 +52,7 @@ NOT_IN_DEVICE_PLUGIN_MODE = (
     "agents.dra.cdi",
     "agents.cluster.client",
     "agents.metrics",
+    "agents.exposition",
     "agents.roce.family",
     "agents.hw.netlink",
     "agents.hw.rtnetlink",
