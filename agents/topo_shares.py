@@ -13,6 +13,7 @@ from typing import Any
 from agents.config_shares import Shares
 from agents.core.quantity import quantity
 from agents.dra.claim_checkpoint import CHECKPOINT, CheckpointError, PreparedClaim, decode
+from agents.gpu import mps_paths
 from agents.gpu.discovery import Gpu
 from agents.gpu.dra import COMPUTE, DRIVER, MEMORY
 from agents.gpu.shares import MEMORY_LIMIT
@@ -119,7 +120,12 @@ def shares_report(
     else:
         why, old = unenforced(shares, mps_found, gpus)
         enforced = not why
-        limits = f"not enforced: {why}" if why else "enforced by MPS, per client process"
+        pipe = mps_paths.pipe_dir(shares.mps_root, DRIVER)
+        limits = (
+            f"not enforced: {why}"
+            if why
+            else f"by MPS, per client process, where a daemon serves {pipe}"
+        )
         if old:
             limits += f"; not on {', '.join(old)} (older than Volta)"
     return {

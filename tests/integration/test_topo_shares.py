@@ -18,6 +18,8 @@ from tests.integration.test_dra_shares import SHARE_A, SHARE_B, prepared, share,
 
 __all__ = ["dra_node"]
 
+BY_MPS = "by MPS, per client process, where a daemon serves /run/nvidia/mps/gpu.nvidia.com/pipe"
+
 
 def topo(node_file: Path, config: Path, plugins: Path, *args: str) -> str:
     """`node-agent topo` on the simulated node with the agent's config and plugins
@@ -63,7 +65,7 @@ async def test_topo_shows_two_claims_shares_of_one_gpu_and_that_mps_limits_them(
         "    ns/c-a                   memory 20Gi    compute 25 %  MPS limits",
         "    ns/c-b                   memory 20Gi    compute 25 %  MPS limits",
         "  GPU1     whole GPU, claim ns/c-whole",
-        "  limits: enforced by MPS, per client process",
+        f"  limits: {BY_MPS}",
     ]
     shares = json.loads(topo(node_file, config, dra_node.plugins, "--json"))["shares"]
     assert shares["enforced"] is True
@@ -112,7 +114,7 @@ def test_topo_names_the_gpus_older_than_volta_whose_shares_mps_cannot_limit(
     lines = section(topo(node_file, config, plugins))
     assert lines[1:] == [
         "  no checkpoint there: no claim prepared yet (or another --kubelet-plugins-dir)",
-        "  limits: enforced by MPS, per client process; not on GPU0, GPU1 (older than Volta)",
+        f"  limits: {BY_MPS}; not on GPU0, GPU1 (older than Volta)",
     ]
     for gpu in doc["gpus"]:
         gpu["computeCapability"] = "6.0"
