@@ -205,6 +205,24 @@ class GpuProbe(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process NVML lists as running on a GPU (a compute process, or an MPS client)."""
+
+    pid: int  # in the host's PID namespace
+    used_bytes: int | None  # its GPU memory; None where NVML does not say
+
+
+@runtime_checkable
+class GpuProcesses(Protocol):
+    """The processes running on a GPU; both backends implement it beside Nvml."""
+
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        """Blocking (call it off the loop): NVML's running compute processes and MPS
+        clients, one entry per PID. BackendError on any failure."""
+        ...
+
+
 @runtime_checkable
 class GpuFabrics(Protocol):
     """The NVLink fabric a GPU registered with (nvmlDeviceGetGpuFabricInfo(V)); both

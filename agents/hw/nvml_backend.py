@@ -11,8 +11,16 @@ import structlog
 from agents.core.gfd_facts import Fabric
 from agents.core.gpu_signals import GpuReading
 from agents.errors import BackendError
-from agents.hw.nvml import COMPUTE_MODES, GpuInfo, GpuStatus, XidEvent, cuda_version_text
+from agents.hw.nvml import (
+    COMPUTE_MODES,
+    GpuInfo,
+    GpuProcess,
+    GpuStatus,
+    XidEvent,
+    cuda_version_text,
+)
 from agents.hw.nvml_events import NvmlEvents
+from agents.hw.nvml_processes import running_processes
 from agents.hw.nvml_query import ODD_ANSWERS, GpuReader, code, fabric_info, text, translated
 from agents.hw.nvml_signals import SignalReader
 
@@ -107,6 +115,13 @@ class NvmlBackend:
             raise BackendError("NVML fabric: not initialised")
         with translated(f"fabric info of {uuid}"):
             return fabric_info(self._lib, self._handle(uuid))
+
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        """The GPU's running processes (agents.hw.nvml.GpuProcesses)."""
+        if self._inits == 0:
+            raise BackendError("NVML processes: not initialised")
+        with translated(f"running processes of {uuid}"):
+            return running_processes(self._lib, self._handle(uuid))
 
     def compute_mode(self, uuid: str) -> str:
         with translated(f"compute mode of {uuid}"):

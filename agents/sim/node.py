@@ -16,7 +16,7 @@ from agents.core.pci import is_pci_address
 from agents.errors import ConfigError
 from agents.hw.lldp import Neighbour
 from agents.hw.nvml import MigInstance
-from agents.sim import fabric_fields, signal_fields
+from agents.sim import fabric_fields, process_fields, signal_fields
 from agents.sim.checks import check_node
 from agents.sim.fields import Fields, MappingValue
 from agents.sim.specs import DEFAULT_MEMORY_MIB, DEFAULT_MODEL, GpuSpec, NicSpec, NodeSpec
@@ -75,7 +75,7 @@ _GPU_KEYS = {
     *("uuid", "pci", "upstream", "numa", "model", "memoryMiB", "minor"),
     *("nvlinks", "mig", "xids", "lost", "nvml"),
     *("pcie", "utilization", "nvlinksDown", "clockEvents", "remappedRows"),
-    *("retiredPagesPending", "computeCapability", "fabric"),
+    *("retiredPagesPending", "computeCapability", "fabric", "processes"),
     *signal_fields.TELEMETRY_KEYS,
 }
 
@@ -113,6 +113,7 @@ def _gpu(f: Fields, doc: object, path: str, position: int) -> GpuSpec:
         ),
         fabric=fabric_fields.fabric(f, m, path),
         telemetry=signal_fields.telemetry(f, m, path),
+        processes=process_fields.processes(f, m, path),
     )
 
 

@@ -25,6 +25,7 @@ from agents.hw.nvml import (
     NVLINK_REMOTE_NVSWITCH,
     NVSWITCH_BUS_ID,
     GpuInfo,
+    GpuProcess,
     GpuStatus,
     MigEngines,
     MigInstance,
@@ -134,6 +135,13 @@ class SimNvml:
         """The node file's `fabric` of the GPU (agents.hw.nvml.GpuFabrics)."""
         gpu = self._asked(uuid, "fabric info")
         return None if gpu.nvml_error == _ANSWERED else gpu.fabric
+
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        """The node file's `processes` of the GPU (agents.hw.nvml.GpuProcesses)."""
+        gpu = self._asked(uuid, "running processes")
+        if gpu.nvml_error == _ANSWERED:
+            raise BackendError(f"NVML running processes of {uuid}: {_ANSWERED}")
+        return tuple(GpuProcess(p.pid, p.used_memory_mib * 2**20) for p in gpu.processes)
 
     def compute_mode(self, uuid: str) -> str:
         self._asked(uuid, "compute mode")

@@ -16,6 +16,14 @@ DEFAULT_MEMORY_MIB = 81559
 
 
 @dataclass(frozen=True)
+class SimProcess:
+    """A process the simulated NVML lists as running on a GPU (`processes:`)."""
+
+    pid: int
+    used_memory_mib: int
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     uuid: str
     pci: str
@@ -42,6 +50,7 @@ class GpuSpec:
     compute_capability: str | None = None  # None: as NVML answers for the model
     fabric: Fabric | None = None  # None: NVML answers NotSupported (no NVLink fabric)
     telemetry: TelemetrySpec = field(default_factory=TelemetrySpec)  # memory, power, ...
+    processes: tuple[SimProcess, ...] = ()  # running on it, as NVML lists them
 
 
 @dataclass(frozen=True)
