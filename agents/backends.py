@@ -34,6 +34,8 @@ class Backends:
     simulated: SimulatedNode | None = None
     lldp: NeighbourSource | None = None  # None: no LLDP is listened to
     mps: MpsControl | None = None  # None: no MPS control program on this node
+    # The host's /proc (NVML names processes by host PID); a simulated node has its own.
+    proc_root: Path = Path("/proc")
 
 
 class LinksOnFirstUse:
@@ -117,6 +119,7 @@ async def simulated_backends(
                 node,
                 lldp=node.neighbours,
                 mps=node.mps,
+                proc_root=root / "proc",
             )
     finally:
         host_links.close()
