@@ -1,0 +1,140 @@
+"""Where the MPS control daemon runs. From a container that shares the host's PID namespace
+and may enter PID 1's namespaces, on the host, in a cgroup of its own, so that stopping the
+agent's container (a rollout) does not stop it; elsewhere in place, beside the agent."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+BINARY = "nvidia-cuda-mps-control"
+CGROUP = "node-agents-mps"  # the daemon's cgroup, a child of each hierarchy's root
+CGROUP_ROOT = "/sys/fs/cgroup"  # the host's, as the host sees it
+# Where the host has the driver's programs: its own root, the GPU operator's driver root.
+HOST_DRIVER_ROOTS = ("/", "/run/nvidia/driver")
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SHM = "shm"  # the clients' /dev/shm, beside the pipe directories under flags.mpsRoot
+# PID 1's mount and cgroup namespaces: the cgroup one too, because where cgroups are
+# namespaces' delegation boundaries (nsdelegate) a process in the container's cgroup
+# namespace may not move anything to a cgroup outside it.
+NSENTER = ("nsenter", "--target", "1", "--mount", "--cgroup", "--")
+# A mount namespace of the daemon's own (a copy of the host's, host mounts still seen):
+# its /dev/shm is the clients' shared memory directory, as NVIDIA's daemon container has it.
+UNSHARE = ("unshare", "--mount", "--propagation", "slave", "--")
+
+# Run on the host by /bin/sh, values only as arguments ($1 cgroup root, $2 shared memory
+# directory or "", $3 driver root, $4 program, then the cgroup hierarchies, "." for a
+# unified one). It moves itself into CGROUP of each hierarchy (a new cgroup v1 cpuset
+# starts empty and takes no process: it gets its parent's CPUs and memory nodes), binds
+# the shared memory, then becomes the program: `-d` forks the daemon, which inherits both.
+SCRIPT = """\
+set -eu
+cg=$1 shm=$2 root=$3 bin=$4
+shift 4
+for h in "$@"; do
+    d=$cg/$h/node-agents-mps
+    mkdir -p "$d"
+    for f in cpuset.cpus cpuset.mems; do
+        if [ -f "$d/$f" ] && [ -f "$cg/$h/$f" ] && [ -z "$(cat "$d/$f")" ]; then
+            cat "$cg/$h/$f" > "$d/$f"
+        fi
+    done
+    echo $$ > "$d/cgroup.procs"
+done
+if [ -n "$shm" ]; then mount --bind "$shm" "${root%/}/dev/shm"; fi
+if [ "$root" = / ]; then exec "$bin" -d; fi
+exec chroot "$root" "$bin" -d
+"""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Whether the daemon can be started on the host; if not, and the agent is in a
+    container, why the daemon lives (and dies) with the agent's container."""
+
+    host: bool
+    warning: str = ""
+
+
+def where(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Where:
+    """Blocking. On the host when PID 1's mount namespace is readable and not the agent's:
+    the agent is in a container that shares the host's PID namespace."""
+    try:
+        host = os.readlink(proc / "1" / "ns" / "mnt")
+        ours = os.readlink(proc / "self" / "ns" / "mnt")
+    except OSError as exc:
+        return Where(False, f"PID 1's mount namespace is not readable: {exc.strerror}")
+    if host != ours:
+        return Where(True)
+    if "KUBERNETES_SERVICE_HOST" in environ:  # a pod without the host's PID namespace
+        return Where(False, "the agent's pod does not share the host's PID namespace")
+    return Where(False)  # on the host itself
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    """The driver's program as the host sees it (`binary` under `driver_root`, which is
+    entered with chroot unless it is /), started and told commands from the agent."""
+
+    binary: str
+    driver_root: str = "/"
+    proc: Path = PROC
+
+    @classmethod
+    def find(
+        cls, proc: Path = PROC, roots: tuple[str, ...] = HOST_DRIVER_ROOTS
+    ) -> HostLaunch | None:
+        """Blocking. The program under one of the host's driver roots; None if none."""
+        for root in roots:
+            for directory in ("usr/bin", "bin"):
+                binary = posixpath.join("/", directory, BINARY)
+                # Seen through PID 1's root; a link in it may be absolute, so not followed.
+                if os.path.lexists(f"{proc}/1/root{posixpath.join(root, directory, BINARY)}"):
+                    return cls(binary, root, proc)
+        return None
+
+    def start(self, pipe_dir: str) -> list[str]:
+        """The command that starts the daemon on the host, outside the agent's cgroup."""
+        cgroups = cgroup_hierarchies(Path(f"{self.proc}/1/root{CGROUP_ROOT}"))
+        shm = shm_dir(pipe_dir) or ""
+        args = [CGROUP_ROOT, shm, self.driver_root, self.binary, *cgroups]
+        return [*NSENTER, *UNSHARE, "/bin/sh", "-c", SCRIPT, CGROUP, *args]
+
+    def send(self) -> list[str]:
+        """The command that tells the daemon one command (on stdin): the pipe directory is
+        a host directory at the same path in the agent's container and on the host."""
+        chroot = [] if self.driver_root == "/" else ["chroot", self.driver_root]
+        return [*NSENTER, *chroot, self.binary]
+
+
+def cgroup_hierarchies(root: Path) -> tuple[str, ...]:
+    """Blocking. The hierarchies mounted under `root` (the host's /sys/fs/cgroup): "." for
+    cgroup v2, else one directory per v1 hierarchy (links to them, e.g. cpu, left out)."""
+    if (root / "cgroup.controllers").exists():
+        return (".",)
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return ()
+    return tuple(
+        e.name
+        for e in entries
+        if e.is_dir() and not e.is_symlink() and (e / "cgroup.procs").exists()
+    )
+
+
+def shm_dir(pipe_dir: str) -> str | None:
+    """Blocking. The clients' shared memory directory of a daemon whose pipes are in
+    `pipe_dir` (<root>/<resource>/pipe, a resource name holding one slash or none): the
+    nearest `shm` directory above the resource's own, which is not a resource's; None if
+    there is none."""
+    parent = posixpath.dirname(posixpath.dirname(pipe_dir.rstrip("/")))
+    for above in (parent, posixpath.dirname(parent)):
+        candidate = posixpath.join(above, SHM)
+        if os.path.isdir(candidate) and not os.path.isdir(posixpath.join(candidate, "pipe")):
+            return candidate
+    return None
