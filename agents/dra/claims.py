@@ -59,12 +59,21 @@ class OpaqueConfig:
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """A pod the claim is reserved for (status.reservedFor), in the claim's namespace."""
+
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
 class Claim:
     namespace: str
     name: str
     uid: str
     results: tuple[AllocationResult, ...]
     config: tuple[OpaqueConfig, ...]
+    reserved_for: tuple[PodRef, ...] = ()  # the pods that use it now
 
 
 async def get_claim(
@@ -122,7 +131,12 @@ def claim_of(obj: dict[str, Any], namespace: str, name: str, uid: str) -> Claim:
         for c in _dicts(devices.get("config"))
         if isinstance(c.get("opaque"), dict)
     )
-    return Claim(namespace, name, uid, results, config)
+    pods = tuple(
+        PodRef(str(r.get("uid") or ""), str(r.get("name") or ""))
+        for r in _dicts(_at(obj, "status", "reservedFor"))
+        if r.get("resource") == "pods" and not r.get("apiGroup")
+    )
+    return Claim(namespace, name, uid, results, config, pods)
 
 
 def consumed(results: Sequence[AllocationResult]) -> dict[str, dict[str, str]]:

@@ -13,6 +13,7 @@ from agents.dra.claims import (
     ClaimNotAllocatedError,
     ClaimUidMismatchError,
     OpaqueConfig,
+    PodRef,
     claim_of,
 )
 
@@ -42,6 +43,20 @@ def test_results_and_opaque_config_are_read() -> None:
         AllocationResult("watch", "gpu.nvidia.com", "node-1", "gpu-1", True),
     )
     assert claim.config == (OpaqueConfig("gpu.nvidia.com", SHARING, ("gpu",), "FromClaim"),)
+
+
+def test_the_pods_a_claim_is_reserved_for_are_read_and_other_consumers_left_out() -> None:
+    reserved = [
+        {"resource": "pods", "name": "p1", "uid": "uid-1"},
+        {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "uid-x"},
+        {"resource": "pods", "name": "p2", "uid": "uid-2"},
+        "not a reference",
+    ]
+    status = {"allocation": {"devices": {"results": [RESULT]}}, "reservedFor": reserved}
+    claim = claim_of(_claim(status=status), "ns", "c", "u1")
+    assert claim.reserved_for == (PodRef("uid-1", "p1"), PodRef("uid-2", "p2"))
+    unreserved = claim_of(_claim(status={"allocation": {"devices": {}}}), "ns", "c", "u1")
+    assert unreserved.reserved_for == ()
 
 
 @pytest.mark.parametrize(
