@@ -23,6 +23,7 @@ from agents.dra.claim_checkpoint import (
     share_name,
 )
 from agents.dra.claims import AllocationResult, Claim, ClaimError, consumed
+from agents.dra.share_holds import ShareHolds
 from agents.kernel.catalogue import Resource
 from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
 from agents.kernel.facts import DeviceFacts, FamilyFacts, takes_none
@@ -129,6 +130,7 @@ class Driver:
         self._resources: dict[str, Resource] = {}
         self._edits: Edits = lambda _devices, _consumed=None: ContainerEdits()
         self._accepts: Callable[[Mapping[str, object]], str | None] = takes_none
+        self._holds = ShareHolds(name)  # what its family is told of the shares prepared
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
 
@@ -144,6 +146,7 @@ class Driver:
         self._resources = dict(resources)
         self._edits = edits
         self._accepts = devices.accepts
+        self._holds.family = devices.shares_held
 
     def device(self, name: str) -> DeviceFacts | None:
         return self._devices.get(name)
@@ -176,6 +179,11 @@ class Driver:
                 await off_loop(functools.partial(self._store.remove_spec, uid), f"{self.name}-cdi")
         if self.prepared:
             log.info("dra_claims_restored", driver=self.name, claims=len(self.prepared))
+
+    async def settle_shares(self) -> None:
+        """Tell the family which devices hold shares (at start, after a reload)."""
+        async with self._lock:
+            await self._holds.settle(self.prepared)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PreparedClaim | ClaimError]:
         """Each claim prepared, or its own error; one claim's failure touches no other."""
@@ -218,11 +226,13 @@ class Driver:
             devices = [self._checked(claim, r) for r in mine]
             prepared = self._prepared(claim, mine, devices)
             claims = {**self.prepared, claim.uid: prepared}
-            await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
+            await self._holds.hold(claims, prepared)  # before it is recorded
             try:
+                await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
                 write = functools.partial(self._store.write_spec, claim.uid, prepared)
                 await off_loop(write, f"{self.name}-cdi")
             except BaseException:
+                await self._holds.settle(self.prepared)  # its shares' holds undone
                 await off_loop(lambda: self._store.save(self.prepared), f"{self.name}-checkpoint")
                 raise
             self.prepared = claims
@@ -319,6 +329,7 @@ class Driver:
                 claims = {k: v for k, v in self.prepared.items() if k != uid}
                 await off_loop(lambda: self._store.save(claims), f"{self.name}-checkpoint")
                 self.prepared = claims
+                await self._holds.settle(claims)  # its devices perhaps held by none now
             await off_loop(lambda: self._store.remove_spec(uid), f"{self.name}-cdi")
         if known is not None:
             ref = ClaimRef(known.namespace, uid, known.name)

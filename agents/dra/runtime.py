@@ -110,6 +110,8 @@ class DraRuntime:
         """The families changed (a reload): publish what they serve now."""
         self._refresh()
         self._wake.set()
+        for driver in self.drivers.values():
+            await driver.settle_shares()  # the new families told of the shares held
 
     def serving(self) -> bool:
         return bool(self.servers) and all(s.sockets_present() for s in self.servers.values())
@@ -132,6 +134,8 @@ class DraRuntime:
             await driver.restore()
             self.drivers[name] = driver
         self._refresh()
+        for driver in self.drivers.values():
+            await driver.settle_shares()  # e.g. the compute modes of the shares restored
         for name, driver in self.drivers.items():
             server = DriverServer(
                 driver,

@@ -25,6 +25,7 @@ from agents.gpu.found import GpusFound
 from agents.gpu.gfd import GfdLabels
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
+from agents.gpu.share_mps import hold_shares
 from agents.gpu.shares import share_edits
 from agents.gpu.signals import GpuSignalWatch
 from agents.hw.nvml import GpuStatus, GpuTouches, Nvml, XidEvent
@@ -97,7 +98,7 @@ class GpuFamily:
         self._fabric_gpus = frozenset(u for u, f in found.fabrics.items() if f is not None)
         self._kick = asyncio.Event()  # probe now: the event wait returned early
         self._mps = found.mps
-        self._shares_enforced = found.shares_enforced
+        self._share_mps = found.share_mps  # None: shares' limits not enforced by MPS
         self._dev_root = found.dev_root
         self._mps_restart_s = timing.mps_restart_s
 
@@ -197,7 +198,17 @@ class GpuFamily:
         ]
         shares = self._config.sharing.served_shares
         found = dra.devices(self.gpus, served, self._driver, self._fabrics, shares)
-        return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts)
+        held = None if self._share_mps is None else self._hold_shares
+        return FamilyFacts(dra.DRIVER, found, accepts=dra.accepts, shares_held=held)
+
+    async def _hold_shares(self, held: frozenset[DeviceKey], fresh: frozenset[DeviceKey]) -> None:
+        """The GPUs of the devices that hold shares told to their MPS daemon's keeper."""
+        assert self._share_mps is not None
+        gpus = {(r.name, u.id): u.gpu_uuid for r in self._resources for u in r.plan.units}
+        try:
+            await hold_shares(self._share_mps, gpus, held, fresh)
+        finally:
+            self._publish(self._clock())  # a GPU that holds shares is Unhealthy without them
 
     def edits(
         self, devices: Sequence[DeviceKey], consumed: Consumed | None = None
@@ -212,7 +223,8 @@ class GpuFamily:
         if not consumed:
             return base
         shares = self._config.sharing.served_shares
-        mps = (shares, self._dev_root) if shares is not None and self._shares_enforced else None
+        enforced = self._share_mps is not None
+        mps = (shares, self._dev_root) if shares is not None and enforced else None
         return share_edits(base, devices, consumed, mps)
 
     def follow(self, earlier: Family) -> None:
@@ -222,6 +234,8 @@ class GpuFamily:
         self._gone = set(earlier._gone)
         self._told = earlier._told
         self._lost = set(earlier._lost)
+        if self._share_mps is not None and earlier._share_mps is not None:
+            self._share_mps.holding = earlier._share_mps.holding
         self._signals.take_over(earlier._signals, self._config.health.degraded.limits)
         self._publish(self._clock())
 
@@ -236,13 +250,18 @@ class GpuFamily:
                     loops.create_task(self._events())
                     if self._signals.active:
                         loops.create_task(self._read_signals())
-                    if self._mps is not None:
-                        changed = lambda: self._publish(self._clock())  # noqa: E731
-                        loops.create_task(
-                            mps.watch(
-                                self._mps, self._probe_s, self._mps_restart_s, self._clock, changed
+                    changed = lambda: self._publish(self._clock())  # noqa: E731
+                    for daemons in (self._mps, self._share_mps):
+                        if daemons is not None:
+                            loops.create_task(
+                                mps.watch(
+                                    daemons,
+                                    self._probe_s,
+                                    self._mps_restart_s,
+                                    self._clock,
+                                    changed,
+                                )
                             )
-                        )
         finally:
             await self.close()
 
@@ -398,7 +417,8 @@ class GpuFamily:
                 self._sink.xid(resource.name, event.uuid, event.xid)
 
     def _mps_cause(self, uuid: str) -> Cause | None:
-        return None if self._mps is None else self._mps.cause(uuid)
+        cause = None if self._mps is None else self._mps.cause(uuid)
+        return cause or (None if self._share_mps is None else self._share_mps.cause(uuid))
 
     def _publish(self, now: float) -> None:
         """Evaluate every GPU's health; push it to the resources only when it changed.

@@ -9,6 +9,7 @@ from agents.core.gfd_facts import Fabric, VgpuHost
 from agents.gpu.discovery import DriverVersions, Gpu
 from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import ResourcePlan
+from agents.gpu.share_mps import ShareDaemon
 
 
 @dataclass(frozen=True)
@@ -28,4 +29,4 @@ class GpusFound:
     fabrics: dict[str, Fabric | None] = field(default_factory=dict)  # by GPU UUID
     imex_channels: tuple[int, ...] = ()  # the configured IMEX channels the node has
     mps: MpsDaemons | None = None  # the MPS-shared resources' control daemons, started
-    shares_enforced: bool = False  # DRA shares' containers are told MPS limits
+    share_mps: ShareDaemon | None = None  # DRA shares' MPS control daemon: limits enforced

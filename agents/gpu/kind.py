@@ -22,7 +22,7 @@ from agents.gpu.gfd import read_fabrics, vgpus
 from agents.gpu.imex import imex_channels
 from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import plan_resources
-from agents.gpu.shares import enforced
+from agents.gpu.shares import share_daemon
 from agents.hw.mps_control import MpsControl
 from agents.hw.nvidia_caps import mig_cap_devices
 from agents.hw.nvml import Nvml
@@ -68,6 +68,7 @@ def discover_gpus(
         )
         mps = MpsDaemons(mps_control, root + (flags.mps_root or ""), plans, gpus, nvml)
         mps.ensure()  # before any of its resources is served
+        shared = share_daemon(config.sharing.served_shares, mps_control, nvml, root)
     except BaseException:
         give_back(nvml)
         raise
@@ -84,7 +85,7 @@ def discover_gpus(
         fabrics=fabrics,
         imex_channels=channels,
         mps=mps if mps.daemons else None,
-        shares_enforced=enforced(config.sharing.served_shares, mps_control, root),
+        share_mps=shared,
     )
 
 

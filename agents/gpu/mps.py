@@ -8,6 +8,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -182,8 +183,18 @@ class MpsDaemons:
         return True
 
 
+class Watched(Protocol):
+    """Daemons watched: MpsDaemons, or DRA shares' one (agents/gpu/share_mps.py)."""
+
+    down: set[str]  # what is served by a daemon that does not answer
+
+    def probe(self) -> bool: ...
+
+    def restart(self) -> bool: ...
+
+
 async def watch(
-    mps: MpsDaemons,
+    mps: Watched,
     probe_s: float,
     restart_s: float,
     clock: Callable[[], float],

@@ -5,7 +5,6 @@ and whether it does."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
@@ -13,11 +12,11 @@ import structlog
 
 from agents.config_shares import Shares
 from agents.core.quantity import quantity
-from agents.errors import BackendError
 from agents.gpu import mps_paths
 from agents.gpu.dra import COMPUTE, DRIVER, MEMORY
-from agents.gpu.mps import PROBE
+from agents.gpu.share_mps import ShareDaemon
 from agents.hw.mps_control import MpsControl
+from agents.hw.nvml import Nvml
 from agents.kernel.edits import Consumed, ContainerEdits, DeviceKey
 
 log = structlog.get_logger(__name__)
@@ -28,36 +27,30 @@ THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PIPES = DRIVER  # one pipe directory under the MPS root for every shared GPU
 
 
-def enforced(shares: Shares | None, control: MpsControl | None, root: str = "") -> bool:
-    """Blocking (makes the directories containers mount, asks the MPS control daemon).
-    Whether shares' containers are told MPS's limits; where they are not, or no daemon
-    enforces them yet, says so once."""
+def share_daemon(
+    shares: Shares | None, control: MpsControl | None, nvml: Nvml, root: str = ""
+) -> ShareDaemon | None:
+    """Blocking (makes the directories containers mount, adopts or starts the daemon).
+    The MPS control daemon that enforces shares' limits, its containers told them; None
+    where none does, said once."""
     if shares is None:
-        return False
+        return None
     host = root + shares.mps_root
     pipe = mps_paths.pipe_dir(host, MPS_PIPES)
-    why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
-    if shares.enforce == "mps" and control is not None:
-        try:
-            for directory in (pipe, mps_paths.shm_dir(host)):
-                os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            why = f"{pipe} cannot be made: {exc}"
-        else:
-            why = ""
-    if why:
+    if shares.enforce == "none" or control is None:
+        why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
         log.warning("gpu_shares_unenforced", reason=why, effect="shares get no MPS limits")
-        return False
-    assert control is not None
-    try:
-        control.send(pipe, mps_paths.log_dir(host, MPS_PIPES), PROBE)
-    except BackendError as exc:
+        return None
+    log_dir = mps_paths.log_dir(host, MPS_PIPES)
+    daemon = ShareDaemon(control, pipe, log_dir, mps_paths.shm_dir(host), nvml)
+    failed = daemon.ensure()  # before the first share is served
+    if failed is not None:
         log.warning(
             "gpu_shares_unenforced",
-            reason=f"no MPS control daemon answers at {pipe}: {exc}",
-            effect="containers are told the limits; they hold once a daemon serves there",
+            reason=f"the MPS control daemon does not start at {pipe}: {failed}",
+            effect="no share is prepared until it starts (tried again)",
         )
-    return True
+    return daemon
 
 
 def share_edits(

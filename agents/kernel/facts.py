@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from agents.core.health import OURS
 from agents.core.topology import PciLocation
+from agents.kernel.edits import DeviceKey
 
 STANDARD = "resource.kubernetes.io"  # the attribute domain every DRA driver shares
 PCI_BUS_ID = f"{STANDARD}/pciBusID"
@@ -60,6 +62,15 @@ def takes_none(parameters: Mapping[str, object]) -> str:
     return "this driver takes no opaque configuration"
 
 
+class SharesHeld(Protocol):
+    """What a family does as shares of its devices come and go (a GPU's compute mode, the
+    daemon that enforces them), told every device that holds a share now; `fresh`, those
+    about to serve a new share. Raises BackendError, having changed nothing, when the
+    fresh ones cannot be served; a failure for devices no longer held is only logged."""
+
+    async def __call__(self, held: frozenset[DeviceKey], fresh: frozenset[DeviceKey]) -> None: ...
+
+
 @dataclass(frozen=True)
 class FamilyFacts:
     """A family's devices and their facts (a device's taint comes from the cause of its
@@ -69,6 +80,7 @@ class FamilyFacts:
     devices: tuple[DeviceFacts, ...]
     # An opaque claim config's parameters: None if the driver takes them, else why not.
     accepts: Callable[[Mapping[str, object]], str | None] = field(default=takes_none)
+    shares_held: SharesHeld | None = None  # None: shares of its devices need nothing done
 
 
 def pci_attributes(

@@ -1,7 +1,9 @@
 """The simulator's twin of the driver's `nvidia-cuda-mps-control`, run as a program: `-d`
 starts a detached daemon for $CUDA_MPS_PIPE_DIRECTORY; without arguments one command is
 read from stdin and sent to it. The daemon answers as the driver's does and records
-every command in $CUDA_MPS_LOG_DIRECTORY/control.log."""
+every command in $CUDA_MPS_LOG_DIRECTORY/control.log. Unlike the driver's, a daemon ends
+when its socket is removed (the simulated node's tree taken away) or when it has been asked
+nothing for IDLE_S (an agent asks at every probe), so that tests leave none behind."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ SOCKET = "control"  # in the pipe directory, reached relative to it (paths may b
 PID_FILE = "nvidia-cuda-mps-control.pid"
 LOG_FILE = "control.log"
 START_WAIT_S = 5.0
+GONE_CHECK_S = 1.0  # how often a daemon looks for its socket: gone with the node's tree, it ends
+IDLE_S = 120.0  # a daemon asked nothing this long ends: its agent is gone (killed, say)
 
 
 def install_twin(root: Path) -> Path:
@@ -83,9 +87,19 @@ def _serve(pipe: Path, log: Path) -> int:
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(SOCKET)
         server.listen()
+        server.settimeout(GONE_CHECK_S)
+        mine = os.stat(SOCKET).st_ino
         (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
+        asked = time.monotonic()
         while True:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                if not _there(Path(SOCKET), mine) or time.monotonic() - asked > IDLE_S:
+                    return 0
+                continue
+            asked = time.monotonic()
+            conn.settimeout(None)
             with conn:
                 command = _received(conn)
                 with (log / LOG_FILE).open("a") as out:
@@ -94,6 +108,13 @@ def _serve(pipe: Path, log: Path) -> int:
             if command == "quit":
                 os.unlink(SOCKET)
                 return 0
+
+
+def _there(path: Path, inode: int) -> bool:
+    try:
+        return path.stat().st_ino == inode
+    except OSError:
+        return False
 
 
 def _received(conn: socket.socket) -> str:

@@ -70,7 +70,7 @@ def test_under_dra_shares_are_served_and_in_device_plugin_mode_ignored_with_one_
     with capture_logs() as logs:
         plugin = discover_gpus(node.nvml, node.sysfs, config, "c.yaml", node.dev_root)
     ignored = [e for e in logs if e["event"] == "device_plugin_ignores_key"]
-    assert [e["key"] for e in ignored] == ["sharing.shares"] and not plugin.shares_enforced
+    assert [e["key"] for e in ignored] == ["sharing.shares"] and plugin.share_mps is None
     family = GpuFamily(node.nvml, plugin, config)
     assert not any(d.shared for d in family.facts().devices)
 
