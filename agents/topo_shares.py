@@ -1,4 +1,4 @@
-"""What `node-agent topo` says of GPU shares (docs/sharing.md#seen-from-node-agent-topo):
+"""What `node-agent topo` says of GPU shares (docs/sharing.md#shares-under-dra):
 the claims the GPU DRA driver has prepared on each GPU, read from its checkpoint without
 changing it, and once for the node whether MPS enforces the shares' limits."""
 
