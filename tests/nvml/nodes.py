@@ -21,6 +21,7 @@ from tests.nvml.state import (
     NVSWITCH_BUS_ID,
     Gpu,
     NvmlNode,
+    Process,
     Signals,
     nvml_bus_id,
 )
@@ -192,6 +193,7 @@ def _sim_gpu(spec: GpuSpec, by_uuid: dict[str, GpuSpec], nvswitch: bool) -> Gpu:
         links=links,
         signals=_sim_signals(spec, len(links)),
         fabric=spec.fabric,
+        processes=[Process(p.pid, p.used_memory_mib * 2**20) for p in spec.processes],
     )
 
 

@@ -70,6 +70,15 @@ class Signals:
 
 
 @dataclass
+class Process:
+    """A process running on a GPU (lib/processes.c): a compute process, or an MPS client."""
+
+    pid: int
+    used: int | None  # bytes; None: NVML_VALUE_NOT_AVAILABLE
+    mps: bool = False
+
+
+@dataclass
 class Gpu:
     uuid: str
     name: str
@@ -96,6 +105,7 @@ class Gpu:
     removed: bool = False  # taken off the node: NVML no longer lists it
     signals: Signals = field(default_factory=Signals)
     fabric: Fabric | None = None  # None: the fabric calls answer NOT_SUPPORTED
+    processes: list[Process] = field(default_factory=list)
 
 
 @dataclass
@@ -251,6 +261,9 @@ def _gpu_records(index: int, gpu: Gpu) -> list[str]:
                 size=m.size,
             )
         )
+    for p in gpu.processes:
+        used = {} if p.used is None else {"used": p.used}
+        out.append(_record("proc", gpu=index, pid=p.pid, **used, mps=int(p.mps)))
     for call, code in gpu.fails.items():
         out.append(_record("fail", gpu=index, call=call, code=code))
     return out

@@ -27,6 +27,7 @@
 #define MAX_LINKS NVML_NVLINK_MAX_LINKS
 #define MAX_FAILS 64
 #define MAX_EVENTS 256
+#define MAX_PROCS 256
 #define MAX_SETS 16
 #define QUEUE 256
 #define TEXT 96
@@ -83,6 +84,12 @@ struct fail {
     char call[TEXT];
 };
 
+/* processes.c: a process running on a GPU; mps=1: an MPS client */
+struct proc {
+    unsigned gpu, pid, mps;
+    unsigned long long used; /* bytes; NVML_VALUE_NOT_AVAILABLE when not given */
+};
+
 struct event {
     unsigned long long id, type, data;
     unsigned gpu, gi, ci;
@@ -98,6 +105,8 @@ struct state {
     struct fail fails[MAX_FAILS];
     unsigned nevents;
     struct event events[MAX_EVENTS];
+    unsigned nprocs;
+    struct proc procs[MAX_PROCS];
 };
 
 /* A handle is the address of one of these: stable for the life of the process, so a

@@ -29,6 +29,9 @@
  *   fail    gpu= call= code=                      (that call about that GPU fails so)
  *   event   id= gpu= type= data= gi= ci=          (delivered once, to the event sets
  *                                                  registered when it first appears)
+ *   proc    gpu= pid= used= mps=               (a process running on the GPU, its
+ *                                                  memory in bytes (none: not available);
+ *                                                  mps=1: an MPS client)
  * The file is read again whenever it changes (inode, size or mtime), so a test changes
  * the node while the agent runs by writing a new file and renaming it over the old one.
  */
@@ -191,6 +194,12 @@ static void parse_line(struct state *s, char *line)
         x->gpu = gpu;
         x->code = (unsigned)number(fields, n, "code", NVML_ERROR_UNKNOWN);
         copy(x->call, fields, n, "call");
+    } else if (strcmp(kind, "proc") == 0 && gpu < MAX_GPUS && s->nprocs < MAX_PROCS) {
+        struct proc *p = &s->procs[s->nprocs++];
+        p->gpu = gpu;
+        p->pid = (unsigned)number(fields, n, "pid", 0);
+        p->mps = (unsigned)number(fields, n, "mps", 0);
+        p->used = number(fields, n, "used", (unsigned long long)NVML_VALUE_NOT_AVAILABLE);
     } else if (strcmp(kind, "event") == 0 && s->nevents < MAX_EVENTS) {
         struct event *e = &s->events[s->nevents++];
         e->id = number(fields, n, "id", 0);
