@@ -5,6 +5,7 @@ and whether it does."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
@@ -37,10 +38,19 @@ def share_daemon(
         return None
     host = root + shares.mps_root
     pipe = mps_paths.pipe_dir(host, MPS_PIPES)
-    if shares.enforce == "none" or control is None:
-        why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
+    why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
+    if shares.enforce == "mps" and control is not None:
+        try:
+            for directory in (pipe, mps_paths.shm_dir(host)):
+                os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            why = f"{pipe} cannot be made: {exc}"
+        else:
+            why = ""
+    if why:
         log.warning("gpu_shares_unenforced", reason=why, effect="shares get no MPS limits")
         return None
+    assert control is not None
     log_dir = mps_paths.log_dir(host, MPS_PIPES)
     daemon = ShareDaemon(control, pipe, log_dir, mps_paths.shm_dir(host), nvml)
     failed = daemon.ensure()  # before the first share is served

@@ -1,7 +1,8 @@
 """DRA shares' MPS daemon keeper (agents/gpu/share_mps.py) on the simulator's NVML with a
 control program in memory: a claim of two GPUs' shares whose second GPU refuses its mode
 leaves the first as it was, a restored GPU that refuses does not undo the others, and a
-fresh share starts a daemon that is down or fails naming why."""
+fresh share starts a daemon that is down or fails naming why; where the pipe directory
+cannot be made, shares get no MPS limits."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agents.config_shares import Shares
 from agents.errors import BackendError
 from agents.gpu.mps import MpsDaemonDown
 from agents.gpu.share_mps import ShareDaemon
+from agents.gpu.shares import share_daemon
 from agents.sim.bundled import bundled_node
 from agents.sim.node import load_node
 from agents.sim.nvml import SimNvml
@@ -95,3 +98,15 @@ def test_a_fresh_share_starts_a_daemon_that_is_down_or_fails_saying_why(tmp_path
     daemon.hold(frozenset({a}), frozenset({a}))
     assert daemon.down == set() and daemon.cause(a) is None
     assert control.told == []  # no limits of its own: the clients' come from their env
+
+
+def test_where_the_pipe_directory_cannot_be_made_shares_get_no_mps_limits(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "run").write_text("a file, as a read-only root refuses a directory")
+    nvml = Refusing(load_node(bundled_node("h100-8gpu-8nic")))
+    control = Control()
+    with capture_logs() as logs:
+        assert share_daemon(Shares(by_claims=True), control, nvml, str(tmp_path)) is None
+    [warning] = [e for e in logs if e["event"] == "gpu_shares_unenforced"]
+    assert "cannot be made" in warning["reason"] and not control.running
