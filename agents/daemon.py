@@ -303,6 +303,16 @@ class Agent:
             tasks.append(("holders", self.holders.run))
         return tasks
 
+    def _share_tasks(self, manager: Runtime) -> list[tuple[str, Job]]:
+        """DRA: each pod's GPU memory beside its share, and its Event when over it."""
+        if not self.api.names_devices:
+            return []
+        from agents.share_watch import share_watch
+
+        period = self.timing.gpu_probe_s
+        watch = share_watch(manager, self.api, self.backends, period, self.metrics)
+        return [] if watch is None else [("gpu-shares", watch.run)]
+
     async def serve(self) -> None:
         """Start if not started, and serve until cancelled."""
         try:
@@ -317,7 +327,7 @@ class Agent:
                 held = self._held()
                 if held is not None:
                     tasks.start("leftovers", held.run)
-                for name, run in self._metrics_tasks():
+                for name, run in [*self._metrics_tasks(), *self._share_tasks(manager)]:
                     tasks.start(name, run)
                 if self.reporter is not None:
                     reporter = self.reporter
