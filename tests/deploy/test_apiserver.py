@@ -46,7 +46,14 @@ def scratch_namespace() -> Iterator[str]:
 
 # daemonset/dra needs resource.k8s.io/v1 (Kubernetes >= 1.34) for its DeviceClasses.
 @pytest.mark.parametrize(
-    "variant", [*VARIANTS, "daemonset/dra", "daemonset/overlays/per-node-config"]
+    "variant",
+    [
+        *VARIANTS,
+        "daemonset/dra",
+        "daemonset/overlays/per-node-config",
+        "daemonset/overlays/mps",
+        "daemonset/overlays/dra-mps",
+    ],
 )
 def test_apiserver_accepts_every_object_in_a_server_side_dry_run(
     variant: str, scratch_namespace: str

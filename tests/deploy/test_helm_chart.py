@@ -23,6 +23,8 @@ VARIANTS = {
     "daemonset/overlays/roce-only": "ci/roce-only-values.yaml",
     "daemonset/dra": "ci/dra-values.yaml",
     "daemonset/lab": "ci/lab-values.yaml",
+    "daemonset/overlays/mps": "ci/mps-values.yaml",
+    "daemonset/overlays/dra-mps": "ci/dra-mps-values.yaml",
 }
 V1 = "version: v1"  # the smallest config file
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -209,6 +211,8 @@ def test_a_config_chosen_by_label_may_read_and_watch_its_node_and_one_config_may
         (("--set", "api=grpc"), "/api"),
         (("--set", "metrics.port=0"), "/metrics/port"),
         (("--set", "nodeselector.a=b"), "'nodeselector' not allowed"),
+        (("--set", "mps.enabled=true", "--set", "families={roce}"), "families has no gpu"),
+        (("--set", "mps.root=run/mps"), "/mps/root"),
     ],
 )
 def test_bad_values_are_refused_with_the_reason(args: tuple[str, ...], message: str) -> None:
@@ -295,3 +299,17 @@ def test_hack_helm_says_how_to_install_real_helm_when_it_is_missing() -> None:
     )
     assert out.returncode == 2
     assert "hack/helm setup" in out.stderr
+
+
+def test_mps_runs_privileged_in_the_hosts_pid_namespace_with_its_root_at_the_same_path() -> None:
+    objs = template("--set", "mps.enabled=true", "--set", "mps.root=/var/run/mps")
+    spec, container = pod_spec(objs), agent_container(objs)
+    assert spec["hostPID"] is True
+    ctx = container["securityContext"]
+    assert ctx["privileged"] is True and ctx["readOnlyRootFilesystem"] is True
+    assert {"name": "mps-root", "mountPath": "/var/run/mps"} in container["volumeMounts"]
+    volume = {"name": "mps-root", "hostPath": {"path": "/var/run/mps", "type": "DirectoryOrCreate"}}
+    assert volume in spec["volumes"]
+    off = template()
+    assert pod_spec(off)["hostPID"] is False
+    assert agent_container(off)["securityContext"]["privileged"] is False

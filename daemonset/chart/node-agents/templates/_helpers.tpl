@@ -18,6 +18,9 @@ agent (the overlays' nameSuffix), and app.kubernetes.io/instance only on those.
 {{- if not (has .Values.api (list "device-plugin" "dra")) -}}
 {{- fail (printf "api: %q; device-plugin or dra" .Values.api) -}}
 {{- end -}}
+{{- if and .Values.mps.enabled (not (has "gpu" $families)) -}}
+{{- fail "mps.enabled: MPS shares GPUs; families has no gpu" -}}
+{{- end -}}
 {{- $_ := include "node-agents.flagValues" . -}}
 {{- $_ = include "node-agents.defaultConfig" . -}}
 {{- end -}}
