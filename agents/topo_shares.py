@@ -13,6 +13,7 @@ from typing import Any
 from agents.config_shares import Shares
 from agents.core.quantity import quantity
 from agents.dra.claim_checkpoint import CHECKPOINT, CheckpointError, PreparedClaim, decode
+from agents.dra.shares_note import read_note
 from agents.gpu import mps_paths
 from agents.gpu.discovery import Gpu
 from agents.gpu.dra import COMPUTE, DRIVER, MEMORY
@@ -107,7 +108,8 @@ def shares_report(
     the config topo read and no checkpoint."""
     path = checkpoint_path(plugins_dir)
     held, note, there = read_held(path)
-    if shares is None and not there:
+    unavailable = read_note(plugins_dir, DRIVER)
+    if shares is None and not there and unavailable is None:
         return None
     if not there:
         note = "no checkpoint there: no claim prepared yet (or another --kubelet-plugins-dir)"
@@ -115,7 +117,8 @@ def shares_report(
     by_gpu = {names[d]: [asdict(h) for h in hs] for d, hs in held.items() if d in names}
     if shares is None:
         enforced, limits = None, "as each share says (no sharing.shares in the config topo read)"
-        if note is None and all(h["whole"] for hs in by_gpu.values() for h in hs):
+        quiet = note is None and unavailable is None
+        if quiet and all(h["whole"] for hs in by_gpu.values() for h in hs):
             return None  # whole GPUs only, and no shares in the config: none to show
     else:
         why, old = unenforced(shares, mps_found, gpus)
@@ -134,6 +137,7 @@ def shares_report(
         "limits": limits,
         "checkpoint": str(path),
         "note": note,
+        "unavailable": unavailable,
         "gpus": by_gpu,
         "used": {gpu: _used(hs) for gpu, hs in by_gpu.items()},
     }
@@ -170,6 +174,8 @@ def render_shares(report: dict[str, Any], memory_mib: dict[str, int]) -> list[st
     if not report["gpus"] and report["note"] is None:
         lines.append("  no claim prepared on a GPU")
     lines.append(f"  limits: {report['limits']}")
+    if report["unavailable"]:
+        lines.append(f"  unavailable: {report['unavailable']}: a GPU goes to one claim at a time")
     return lines
 
 

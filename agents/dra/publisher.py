@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -15,7 +15,7 @@ from agents.cluster.client import ApiClient, ApiError, GoneError, UnreachableErr
 from agents.core.health import Cause
 from agents.dra.slices import MULTIPLE, SLICES_PATH, build_slices, same_spec
 from agents.kernel.facts import FamilyFacts
-from agents.tasks import first
+from agents.tasks import first, off_loop
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,11 @@ class SlicePublisher:
         first_retry_s: float = FIRST_RETRY_S,
         max_retry_s: float = MAX_RETRY_S,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
+        shares_noted: Callable[[str, str | None], None] | None = None,
     ) -> None:
+        """`shares_noted(driver, reason)`, blocking, is told once per driver, as its first
+        slice is written, why its devices cannot be shared (None: they can, or none is
+        offered)."""
         self.node = node
         self._client = client
         self._taints = device_taints
@@ -63,6 +67,8 @@ class SlicePublisher:
         self._delay = first_retry_s
         self.reachable: bool | None = None  # None until the first list ends
         self._unshared_said = False  # the API server dropped multiple allocations: said
+        self._shares_noted = shares_noted
+        self._noted: set[str] = set()  # drivers whose shares were noted
 
     def set(self, devices: FamilyFacts, causes: Mapping[str, Cause]) -> None:
         """Publish `devices` of their driver with their grades; `causes`: why each that is
@@ -208,22 +214,34 @@ class SlicePublisher:
         version = str(have.get("metadata", {}).get("resourceVersion") or "")
         return self._written.get(name) == (version, want["spec"]) or same_spec(have, want)
 
-    def _say_unshared(self, body: Obj, stored: Obj) -> None:
-        """Once: the API server stored devices sent to be allocated several times at
-        once without that (resource.k8s.io's DRAConsumableCapacity off before 1.36)."""
+    def _say_unshared(self, body: Obj, stored: Obj) -> str | None:
+        """Why devices sent to be allocated several times at once cannot be: the API
+        server stored them without that (resource.k8s.io's DRAConsumableCapacity off
+        before 1.36), logged once; None where it kept them, or none was sent so."""
         sent = {d["name"] for d in body["spec"]["devices"] if d.get(MULTIPLE)}
         kept = {
             d.get("name") for d in stored.get("spec", {}).get("devices") or [] if d.get(MULTIPLE)
         }
-        if self._unshared_said or not sent - kept:
+        if not sent - kept:
+            return None
+        reason = f"the API server dropped {MULTIPLE} (DRAConsumableCapacity off)"
+        if not self._unshared_said:
+            self._unshared_said = True
+            log.warning(
+                "dra_shares_unavailable",
+                driver=body["spec"]["driver"],
+                reason=reason,
+                effect="each device is allocated to one claim at a time",
+            )
+        return reason
+
+    async def _note_shares(self, driver: str, reason: str | None) -> None:
+        """Once per driver: tell `shares_noted` (off the event loop: it writes a file)."""
+        noted = self._shares_noted
+        if noted is None or driver in self._noted:
             return
-        self._unshared_said = True
-        log.warning(
-            "dra_shares_unavailable",
-            driver=body["spec"]["driver"],
-            reason=f"the API server dropped {MULTIPLE} (DRAConsumableCapacity off)",
-            effect="each device is allocated to one claim at a time",
-        )
+        self._noted.add(driver)
+        await off_loop(lambda: noted(driver, reason), "dra-shares-note")
 
     async def _write(self, method: str, path: str, body: Obj) -> None:
         stored = await self._client.request(method, path, body)
@@ -231,7 +249,7 @@ class SlicePublisher:
         name = str(meta.get("name") or body["metadata"]["name"])
         self._observed[name] = stored
         self._written[name] = (str(meta.get("resourceVersion") or ""), body["spec"])
-        self._say_unshared(body, stored)
+        await self._note_shares(body["spec"]["driver"], self._say_unshared(body, stored))
         pool = body["spec"]["pool"]
         log.info(
             "resource_slice_written",

@@ -12,6 +12,7 @@ import structlog
 
 from agents.cluster import NODE_NAME_ENV, required_access, this_node
 from agents.cluster.client import ApiClient
+from agents.dra import shares_note
 from agents.dra.capacity import clear_stale_zeros
 from agents.dra.claims import (
     Claim,
@@ -72,6 +73,7 @@ class DraServe:
             client,
             device_taints=settings.device_taints,
             evict_unhealthy=settings.evict_unhealthy,
+            shares_noted=functools.partial(shares_note.record, settings.plugins_dir),
         )
         self.claims = ApiClaims(client)
 

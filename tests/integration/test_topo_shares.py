@@ -148,3 +148,24 @@ def test_without_shares_and_a_checkpoint_topo_says_nothing_of_shares(
     out = topo(node_file, config, tmp_path / "plugins")
     assert "Shares" not in out
     assert json.loads(topo(node_file, config, tmp_path / "plugins", "--json"))["shares"] is None
+
+
+async def test_topo_says_shares_are_unavailable_while_the_api_server_drops_them(
+    dra_node: DraNode, node_file: Path, tmp_path: Path
+) -> None:
+    dra_node.server.store.consumable_capacity = False
+    agent = await started(dra_node, node_file, tmp_path, "none")
+    note = dra_node.plugins / GPU / "shares-unavailable"
+    await dra_node.wait(note.exists)
+    config = tmp_path / "config.yaml"
+
+    lines = section(topo(node_file, config, dra_node.plugins))
+    assert lines[-1] == (
+        "  unavailable: the API server dropped allowMultipleAllocations (DRAConsumableCapacity"
+        " off): a GPU goes to one claim at a time"
+    )
+    assert agent.terminate() == 0
+    dra_node.server.store.consumable_capacity = True  # the gate on, the agent restarted
+    await dra_node.start(node_file, "--config", str(config))
+    await dra_node.wait(lambda: not note.exists())
+    assert "unavailable" not in topo(node_file, config, dra_node.plugins)
