@@ -10,7 +10,7 @@ import shutil
 import statistics
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -90,13 +90,15 @@ class Bench:
         await self.watcher.stop()
         await self.server.stop()
 
-    def agent(self) -> AgentProcess:
+    def agent(self, config: Obj | None = None, more: Sequence[str] = ()) -> AgentProcess:
+        """The agent on this node, with `config` (the config file's document) and `more`
+        flags of `node-agent run`."""
         extra = ["--api", "dra", "--node-name", NODE]
         extra += ["--kubeconfig", str(self.work / "kubeconfig")]
         extra += ["--kubelet-plugins-dir", str(self.work / "plugins")]
         extra += ["--kubelet-registry-dir", str(self.work / "registry")]
         extra += ["--cdi-root", str(self.work / "cdi")]
-        return AgentProcess(self.work, self.node_file, extra=extra)
+        return AgentProcess(self.work, self.node_file, config=config, extra=[*extra, *more])
 
     def devices(self, driver: str) -> dict[str, Obj]:
         return {

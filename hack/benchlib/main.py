@@ -30,6 +30,7 @@ from hack.benchlib import (
     metrics_cost,
     nvml_hang,
     pairing,
+    shares,
 )
 from hack.benchlib.agent import GPU, NIC
 from hack.benchlib.figures import Figure, as_json, table
@@ -80,6 +81,12 @@ async def dra_run(work: Path, quick: bool, rest_s: float) -> list[Figure]:
     )
 
 
+async def shares_run(work: Path, quick: bool) -> list[Figure]:
+    return await shares.shares_figures(
+        work, samples=50 if quick else 250, starts=3 if quick else 5, cycles=3 if quick else 5
+    )
+
+
 async def metrics_run(
     work: Path, quick: bool, rest_s: float, progress: Callable[[str], None]
 ) -> list[Figure]:
@@ -116,6 +123,10 @@ def _part(
         "dra": (
             f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest",
             lambda: asyncio.run(dra_run(root, quick, rest_s)),
+        ),
+        "shares": (
+            "DRA shares: prepare beside a whole GPU, first share, 100 shares in cycles",
+            lambda: asyncio.run(shares_run(root, quick)),
         ),
         "metrics": (
             "/metrics beside the same agent without it",
@@ -165,6 +176,8 @@ def run(
         figures += apiserver.apiserver_figures(fresh("apiserver"), 300 if quick else 2000, rounds)
         progress(f"DRA mode: starts, prepare/unprepare, XID, {rest_s:g} s at rest")
         figures += asyncio.run(dra_run(fresh("dra"), quick, rest_s))
+        progress("DRA shares: prepare beside a whole GPU, first share, 100 shares in cycles")
+        figures += asyncio.run(shares_run(fresh("shares"), quick))
         figures += asyncio.run(metrics_run(fresh("metrics"), quick, rest_s, progress))
         progress("pairing")
         figures += asyncio.run(pairing.pairing_figures(100 if quick else 500))
@@ -204,12 +217,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (CI)")
     parser.add_argument(
         "--only",
-        choices=["busy", "apiserver", "idle-nvml", "dra", "fabric", "floor", "degraded", "metrics"],
+        choices=[
+            "busy",
+            "apiserver",
+            "idle-nvml",
+            "dra",
+            "shares",
+            "fabric",
+            "floor",
+            "degraded",
+            "metrics",
+        ],
         help="only these figures (busy: GetPreferredAllocation on partly occupied nodes; "
         "apiserver: RPCs and faults with the API server reachable, refused, never answering; "
         "idle-nvml: CPU and threads of an idle agent on the real NVML backend; "
         "dra: `--api dra` on the bundled node: start -> slices, prepare/unprepare, "
-        "XID -> out of the slice, RSS and API requests at rest; "
+        "XID -> out of the slice, RSS and API requests at rest; shares: DRA shares under "
+        "MPS (the simulator's twin daemon): a share's prepare beside a whole GPU's, agent "
+        "start -> first share, 100 shares prepared and unprepared in cycles without leaks; "
         "fabric: an LLDP frame on a veth -> the leaf group in the feature file, and 1,000 "
         "malformed frames; floor: the agent beside a no-op grpc.aio device plugin, and "
         "beside NVIDIA's plugin, on the simulated node and, with MOCK_NVML_DIR, on NVIDIA's "
