@@ -70,6 +70,7 @@ class ShareWatch:
         self._asked: dict[str, set[str]] = {}  # claim UID -> unknown pods it was read for
         self._failed: dict[str, float] = {}  # claim UID -> when its read last failed
         self._unreadable: set[str] = set()  # GPUs whose processes NVML does not give now
+        self._foreign_pids = False  # NVML's PIDs were not in this /proc (said once)
         self._episodes = Episodes()
         self.uses: tuple[ShareUse, ...] = ()
 
@@ -129,7 +130,21 @@ class ShareWatch:
         if uuid in self._unreadable:
             self._unreadable.discard(uuid)
             log.info("gpu_processes_readable", gpu=uuid)
-        return tuple((p, self._procfs.pod(p.pid)) for p in processes)
+        placed = tuple((p, self._procfs.pod(p.pid)) for p in processes)
+        if (
+            not self._foreign_pids
+            and placed
+            and not any(self._procfs.has(p.pid) for p in processes)
+        ):
+            self._foreign_pids = True
+            log.warning(
+                "gpu_processes_not_in_proc",
+                gpu=uuid,
+                proc=str(self._procfs.root),
+                effect="pods are not told apart: the agent needs the host's PID namespace "
+                "(hostPID: true)",
+            )
+        return placed
 
     async def _learn(self, shares: Sequence[Share], placed: Mapping[str, Placed]) -> None:
         """Read the claims not read yet, and those an unknown pod runs beside."""

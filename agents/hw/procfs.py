@@ -25,3 +25,7 @@ class Procfs:
         except OSError:
             return None
         return pod_of(text)
+
+    def has(self, pid: int) -> bool:
+        """Whether this /proc shows the process at all."""
+        return (self.root / str(pid)).is_dir()
