@@ -96,6 +96,7 @@ def test_the_prometheus_rule_is_the_rules_file_as_it_is() -> None:
         "NodeAgentGpuXids",
         "NodeAgentRoceLinkDown",
         "NodeAgentFabricLabelGone",
+        "NodeAgentGpuShareOverMemory",
     }
 
 
@@ -135,7 +136,7 @@ def test_promtool_accepts_the_rendered_rules(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_each_alert_fires_and_stays_silent_as_promtool_unit_tests_say(tmp_path: Path) -> None:
@@ -161,5 +162,6 @@ def test_each_alert_fires_and_stays_silent_as_promtool_unit_tests_say(tmp_path: 
             "NodeAgentGpuXids",
             "NodeAgentRoceLinkDown",
             "NodeAgentFabricLabelGone",
+            "NodeAgentGpuShareOverMemory",
         }
     )
