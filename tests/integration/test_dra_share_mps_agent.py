@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 from agents.api import dra_health_pb2
@@ -49,12 +50,18 @@ async def test_the_agents_daemon_serves_shares_and_when_killed_their_gpu_is_unhe
             assert env(dra_node, "a")["CUDA_MPS_PIPE_DIRECTORY"] == f"/mps/{GPU}/pipe"
             assert "gpu_compute_mode_set" in agent.stderr and "EXCLUSIVE_PROCESS" in agent.stderr
 
+            killed = time.monotonic()
             os.kill(first, signal.SIGKILL)
             await dra_node.wait(lambda: seen == [healthy, unhealthy])
+            down = time.monotonic() - killed
             devices = dra_node.devices(GPU)
             assert "gpu-0" not in devices and "gpu-1" in devices  # only the GPU with shares
             await dra_node.wait(
                 lambda: seen == [healthy, unhealthy, healthy], WAIT + SHORT.mps_restart_s
+            )
+            back = time.monotonic() - killed
+            print(
+                f"daemon killed -> Unhealthy after {down * 1000:.0f} ms, Healthy after {back:.1f} s"
             )
             assert pid_of(pipes / "pipe") not in (None, first)  # the agent started it again
             assert "gpu-0" in dra_node.devices(GPU)
