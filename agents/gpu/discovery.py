@@ -43,6 +43,13 @@ class Gpu:
     mig_capable: bool = False
     pci_class: int | None = None  # from sysfs: 0x030200 a 3D controller; None unknown
 
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as (major, minor); None where NVML gave none."""
+        major, _, minor = self.compute_capability.partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            return None
+        return int(major), int(minor)
+
 
 def discover(nvml: Nvml, sysfs: Sysfs) -> list[Gpu]:
     """Every GPU NVML lists, with its NUMA node and PCI location from sysfs."""

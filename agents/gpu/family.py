@@ -26,7 +26,7 @@ from agents.gpu.gfd import GfdLabels
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.share_mps import hold_shares
-from agents.gpu.shares import share_edits
+from agents.gpu.shares import share_edits, unlimited
 from agents.gpu.signals import GpuSignalWatch
 from agents.hw.nvml import GpuStatus, GpuTouches, Nvml, XidEvent
 from agents.hw.nvml_calls import StatusProbe, bounded
@@ -99,6 +99,7 @@ class GpuFamily:
         self._kick = asyncio.Event()  # probe now: the event wait returned early
         self._mps = found.mps
         self._share_mps = found.share_mps  # None: shares' limits not enforced by MPS
+        self._unlimited = unlimited(found.gpus)  # GPUs whose shares MPS cannot limit
         self._dev_root = found.dev_root
         self._mps_restart_s = timing.mps_restart_s
 
@@ -223,7 +224,10 @@ class GpuFamily:
         if not consumed:
             return base
         shares = self._config.sharing.served_shares
-        enforced = self._share_mps is not None
+        # a claim with a GPU older than Volta is told no limit: MPS would hold it to none
+        enforced = self._share_mps is not None and not self._unlimited.intersection(
+            uuid for _, uuid in devices
+        )
         mps = (shares, self._dev_root) if shares is not None and enforced else None
         return share_edits(base, devices, consumed, mps)
 

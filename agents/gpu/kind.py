@@ -68,7 +68,7 @@ def discover_gpus(
         )
         mps = MpsDaemons(mps_control, root + (flags.mps_root or ""), plans, gpus, nvml)
         mps.ensure()  # before any of its resources is served
-        shared = share_daemon(config.sharing.served_shares, mps_control, nvml, root)
+        shared = share_daemon(config.sharing.served_shares, mps_control, nvml, root, gpus)
     except BaseException:
         give_back(nvml)
         raise

@@ -23,6 +23,8 @@ from agents.hw.nvml import Nvml
 log = structlog.get_logger(__name__)
 
 PROBE = "get_default_active_thread_percentage"  # what NVIDIA's plugin asks to see it is up
+OLD_CAPABILITY = (7, 5)  # below it an MPS server takes 16 clients, from it 48
+OLD_MAX_CLIENTS = 16
 EXCLUSIVE = "EXCLUSIVE_PROCESS"  # one context per GPU: the MPS server's, which all clients share
 
 
@@ -50,6 +52,25 @@ class Daemon:
     log_dir: str
     commands: tuple[str, ...]  # the per-replica limits, as NVIDIA's daemon sets them
     gpus: frozenset[str]  # the UUIDs of the GPUs it serves
+    refused: str = ""  # why NVIDIA's daemon would not start with these replicas
+
+
+def refusal(plan: ResourcePlan, gpus: Sequence[Gpu]) -> str:
+    """Why no daemon serves the plan: more replicas of a GPU older than compute capability
+    7.5 than the 16 clients its MPS server takes (NVIDIA's daemon refuses to start)."""
+    counts: dict[str, int] = {}
+    for unit in plan.units:
+        counts[unit.gpu_uuid] = counts.get(unit.gpu_uuid, 0) + 1
+    for gpu in gpus:
+        cap = gpu.capability()
+        n = counts.get(gpu.uuid, 0)
+        if cap is not None and cap < OLD_CAPABILITY and n > OLD_MAX_CLIENTS:
+            return (
+                f"{n} replicas of GPU {gpu.index} (compute capability {gpu.compute_capability}):"
+                f" an MPS server below {OLD_CAPABILITY[0]}.{OLD_CAPABILITY[1]} takes at most"
+                f" {OLD_MAX_CLIENTS} clients"
+            )
+    return ""
 
 
 def limits(plan: ResourcePlan, gpus: Sequence[Gpu]) -> tuple[str, ...]:
@@ -91,6 +112,7 @@ class MpsDaemons:
                 mps_paths.log_dir(root, p.name),
                 limits(p, gpus),
                 frozenset(u.gpu_uuid for u in p.units),
+                refusal(p, gpus),
             )
             for p in plans
             if p.mps
@@ -104,6 +126,9 @@ class MpsDaemons:
             self._ensure(daemon)
 
     def _ensure(self, daemon: Daemon) -> None:
+        if daemon.refused:
+            self._unavailable(daemon, daemon.refused)
+            return
         if self._answers(daemon):
             log.info("mps_daemon_adopted", resource=daemon.resource, pipe_dir=daemon.pipe_dir)
             self.down.discard(daemon.resource)
@@ -150,7 +175,7 @@ class MpsDaemons:
         """Ask each daemon whether it runs; restart the ones down. True if any changed."""
         before = set(self.down)
         for daemon in self.daemons:
-            if self._answers(daemon):
+            if not daemon.refused and self._answers(daemon):
                 self.down.discard(daemon.resource)
                 continue
             if daemon.resource not in before:

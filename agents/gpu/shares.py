@@ -14,6 +14,7 @@ import structlog
 from agents.config_shares import Shares
 from agents.core.quantity import quantity
 from agents.gpu import mps_paths
+from agents.gpu.discovery import Gpu
 from agents.gpu.dra import COMPUTE, DRIVER, MEMORY
 from agents.gpu.share_mps import ShareDaemon
 from agents.hw.mps_control import MpsControl
@@ -26,20 +27,40 @@ DEVICE_ORDER = "CUDA_DEVICE_ORDER"
 MEMORY_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_PIPES = DRIVER  # one pipe directory under the MPS root for every shared GPU
+VOLTA = (7, 0)  # MPS limits a client's memory and SMs from this compute capability on
+
+
+def unlimited(gpus: Sequence[Gpu]) -> frozenset[str]:
+    """The UUIDs of GPUs older than Volta: MPS holds their clients to no limit."""
+    return frozenset(g.uuid for g in gpus if (c := g.capability()) is not None and c < VOLTA)
 
 
 def share_daemon(
-    shares: Shares | None, control: MpsControl | None, nvml: Nvml, root: str = ""
+    shares: Shares | None,
+    control: MpsControl | None,
+    nvml: Nvml,
+    root: str = "",
+    gpus: Sequence[Gpu] = (),
 ) -> ShareDaemon | None:
     """Blocking (makes the directories containers mount, adopts or starts the daemon).
     The MPS control daemon that enforces shares' limits, its containers told them; None
-    where none does, said once."""
+    where none does, said once (and once for GPUs older than Volta, never limited)."""
     if shares is None:
         return None
     host = root + shares.mps_root
     pipe = mps_paths.pipe_dir(host, MPS_PIPES)
     why = "enforce: none" if shares.enforce == "none" else "no nvidia-cuda-mps-control found"
-    if shares.enforce == "mps" and control is not None:
+    old = unlimited(gpus)
+    if shares.enforce == "mps" and old:
+        log.warning(
+            "gpu_shares_unenforced",
+            reason="compute capability below 7.0 (older than Volta): MPS has no client limits",
+            gpus=sorted(g.index for g in gpus if g.uuid in old),
+            effect="shares of these GPUs get no MPS limits",
+        )
+    if shares.enforce == "mps" and gpus and len(old) == len(gpus):
+        why = "every GPU is older than Volta (compute capability below 7.0)"
+    elif shares.enforce == "mps" and control is not None:
         try:
             for directory in (pipe, mps_paths.shm_dir(host)):
                 os.makedirs(directory, exist_ok=True)

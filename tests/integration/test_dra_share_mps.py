@@ -121,8 +121,15 @@ class Agent:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
+    yield from simulated(tmp_path)
+
+
+def simulated(tmp_path: Path, capabilities: Mapping[int, str] | None = None) -> Iterator[Node]:
+    """The h100 node with MPS; `capabilities` the compute capability of GPUs by index."""
     doc = yaml.safe_load(bundled_node("h100-8gpu-8nic").read_text())
     doc["mps"] = {"available": True}
+    for index, capability in (capabilities or {}).items():
+        doc["gpus"][index]["computeCapability"] = capability
     (tmp_path / "node.yaml").write_text(yaml.safe_dump(doc))
     sim = SimulatedNode(tmp_path / "node.yaml", tmp_path / "root")
     sim.load()
@@ -271,3 +278,35 @@ async def test_a_share_prepared_while_the_daemon_is_down_starts_it(node: Node) -
         assert node.pid() not in (None, pid)
         await async_wait_until(lambda: agent.causes()[gpu0] is None, WAIT)
     await agent.family.close()
+
+
+async def test_a_share_of_a_gpu_older_than_volta_is_told_no_mps_limit(tmp_path: Path) -> None:
+    nodes = simulated(tmp_path, {0: "6.1"})
+    node = next(nodes)
+    with capture_logs() as logs:
+        agent = await start(node)
+    [said] = [e for e in logs if e["event"] == "gpu_shares_unenforced"]
+    assert said["gpus"] == [0] and "older than Volta" in said["reason"]
+    assert await agent.prepare(node.share("old", "gpu-0")) == ""
+    assert await agent.prepare(node.share("new", "gpu-1")) == ""
+    old, new = agent.driver.prepared["old"].env, agent.driver.prepared["new"].env
+    assert not [k for k in old if k.startswith("CUDA_MPS_")]
+    assert old["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert new["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    await agent.family.close()
+    next(nodes, None)  # the fixture's end: the daemon told to quit
+
+
+async def test_no_daemon_is_started_where_every_gpu_is_older_than_volta(tmp_path: Path) -> None:
+    nodes = simulated(tmp_path, dict.fromkeys(range(8), "6.0"))
+    node = next(nodes)
+    with capture_logs() as logs:
+        agent = await start(node)
+    assert node.pid() is None
+    reasons = [e["reason"] for e in logs if e["event"] == "gpu_shares_unenforced"]
+    assert "every GPU is older than Volta (compute capability below 7.0)" in reasons
+    assert await agent.prepare(node.share("old", "gpu-0")) == ""
+    assert not [k for k in agent.driver.prepared["old"].env if k.startswith("CUDA_MPS_")]
+    assert node.mode(agent.uuid("gpu-0")) == DEFAULT
+    await agent.family.close()
+    next(nodes, None)

@@ -201,3 +201,45 @@ def test_no_daemon_starts_where_a_gpus_compute_mode_cannot_be_set(tmp_path: Path
     finally:
         if (Path(daemon.pipe_dir) / PID_FILE).exists():
             quit_all(tmp_path, mps)
+
+
+@pytest.mark.parametrize(("replicas", "served"), [(16, True), (17, False)])
+def test_more_than_16_replicas_of_a_gpu_older_than_compute_capability_7_5_start_no_daemon(
+    tmp_path: Path, replicas: int, served: bool
+) -> None:
+    doc = yaml.safe_load(mps_node(tmp_path).read_text())
+    for gpu in doc["gpus"]:
+        gpu["computeCapability"] = "7.0"  # a V100's: its MPS server takes 16 clients
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(doc))
+    node = SimulatedNode(tmp_path / "old.yaml", tmp_path / "root")
+    node.load()
+    control = MpsControlBinary(str(install_twin(tmp_path / "bin-root")))
+    nvml = SimNvml(node.spec)
+    nvml.init()
+    gpus = discover(nvml, node.sysfs)
+    text = MPS_CONFIG.replace("replicas: 4", f"replicas: {replicas}") % "false"
+    plans = plan_resources(gpus, config(text), "c.yaml")
+    mps = MpsDaemons(control, str(tmp_path / "mps"), plans, gpus, nvml)
+    (daemon,) = mps.daemons
+    try:
+        with structlog.testing.capture_logs() as logs:
+            mps.ensure()
+            mps.probe()
+        assert (Path(daemon.pipe_dir) / PID_FILE).exists() is served
+        assert (mps.cause(gpus[0].uuid) is None) is served
+        refused = [e["reason"] for e in logs if e["event"] == "mps_daemon_unavailable"]
+        assert refused == (
+            []
+            if served
+            else [
+                "17 replicas of GPU 0 (compute capability 7.0): an MPS server below 7.5"
+                " takes at most 16 clients"
+            ]
+        )
+        assert all(
+            nvml.compute_mode(g.uuid) == ("EXCLUSIVE_PROCESS" if served else "DEFAULT")
+            for g in gpus
+        )
+    finally:
+        if (Path(daemon.pipe_dir) / PID_FILE).exists():
+            quit_all(tmp_path, mps)
