@@ -61,7 +61,7 @@ class MpsControlBinary:
         else the program under one of the driver roots or on PATH; None if none."""
         placed = where(proc)
         if placed.host:
-            host = HostLaunch.find(proc)
+            host = HostLaunch.find(proc, placed.pid)
             if host is not None:
                 return cls(host.binary, host)
         dirs = [os.path.join(r, d) for r in roots for d in ("usr/bin", "bin")]

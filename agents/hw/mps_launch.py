@@ -1,6 +1,6 @@
 """Where the MPS control daemon runs. From a container that shares the host's PID namespace
-and may enter PID 1's namespaces, on the host, in a cgroup of its own, so that stopping the
-agent's container (a rollout) does not stop it; elsewhere in place, beside the agent."""
+and may enter the host's namespaces, on the host, in a cgroup of its own, so that stopping
+the agent's container (a rollout) does not stop it; elsewhere in place, beside the agent."""
 
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ CGROUP_ROOT = "/sys/fs/cgroup"  # the host's, as the host sees it
 HOST_DRIVER_ROOTS = ("/", "/run/nvidia/driver")
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SHM = "shm"  # the clients' /dev/shm, beside the pipe directories under flags.mpsRoot
-# PID 1's mount and cgroup namespaces: the cgroup one too, because where cgroups are
-# namespaces' delegation boundaries (nsdelegate) a process in the container's cgroup
-# namespace may not move anything to a cgroup outside it.
-NSENTER = ("nsenter", "--target", "1", "--mount", "--cgroup", "--")
+ANCESTORS = 64  # how far up its process tree the agent looks for the host's namespaces
 # A mount namespace of the daemon's own (a copy of the host's, host mounts still seen):
 # its /dev/shm is the clients' shared memory directory, as NVIDIA's daemon container has it.
 UNSHARE = ("unshare", "--mount", "--propagation", "slave", "--")
@@ -51,28 +48,67 @@ exec chroot "$root" "$bin" -d
 """
 
 
+def nsenter(pid: int) -> tuple[str, ...]:
+    """Into the mount and cgroup namespaces of `pid`, the host's: the cgroup one too,
+    because where cgroup namespaces are delegation boundaries (nsdelegate) a process in
+    the container's may not move anything to a cgroup outside it."""
+    return ("nsenter", "--target", str(pid), "--mount", "--cgroup", "--")
+
+
 @dataclass(frozen=True)
 class Where:
-    """Whether the daemon can be started on the host; if not, and the agent is in a
-    container, why the daemon lives (and dies) with the agent's container."""
+    """Whether the daemon can be started on the host, entered through the namespaces of
+    `pid`; if not, and the agent is in a container, why the daemon lives (and dies) with
+    the agent's container."""
 
     host: bool
     warning: str = ""
+    pid: int = 1
 
 
 def where(proc: Path = PROC, environ: Mapping[str, str] = os.environ) -> Where:
     """Blocking. On the host when PID 1's mount namespace is readable and not the agent's:
-    the agent is in a container that shares the host's PID namespace."""
+    the agent is in a container that shares the host's PID namespace. Where PID 1's is
+    not readable (an init that keeps it to itself), through the nearest ancestor outside
+    the agent's mount namespace: the container runtime's shim, in the node's namespaces."""
     try:
-        host = os.readlink(proc / "1" / "ns" / "mnt")
         ours = os.readlink(proc / "self" / "ns" / "mnt")
+        host = os.readlink(proc / "1" / "ns" / "mnt")
     except OSError as exc:
+        pid = _ancestor_outside(proc)
+        if pid is not None:
+            return Where(True, pid=pid)
         return Where(False, f"PID 1's mount namespace is not readable: {exc.strerror}")
     if host != ours:
         return Where(True)
     if "KUBERNETES_SERVICE_HOST" in environ:  # a pod without the host's PID namespace
         return Where(False, "the agent's pod does not share the host's PID namespace")
     return Where(False)  # on the host itself
+
+
+def _ancestor_outside(proc: Path) -> int | None:
+    """The nearest ancestor (PID 1 left out) whose mount namespace is readable and not
+    the agent's; None if none is."""
+    try:
+        ours = os.readlink(proc / "self" / "ns" / "mnt")
+        pid = _parent(proc / "self")
+        for _ in range(ANCESTORS):
+            if pid <= 1:
+                return None
+            try:
+                if os.readlink(proc / str(pid) / "ns" / "mnt") != ours:
+                    return pid
+            except OSError:
+                pass
+            pid = _parent(proc / str(pid))
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _parent(process: Path) -> int:
+    """Its parent's PID, from `stat` (after the command's name, which may hold anything)."""
+    return int((process / "stat").read_text().rpartition(")")[2].split()[1])
 
 
 @dataclass(frozen=True)
@@ -83,32 +119,33 @@ class HostLaunch:
     binary: str
     driver_root: str = "/"
     proc: Path = PROC
+    pid: int = 1  # whose namespaces are the host's
 
     @classmethod
     def find(
-        cls, proc: Path = PROC, roots: tuple[str, ...] = HOST_DRIVER_ROOTS
+        cls, proc: Path = PROC, pid: int = 1, roots: tuple[str, ...] = HOST_DRIVER_ROOTS
     ) -> HostLaunch | None:
         """Blocking. The program under one of the host's driver roots; None if none."""
         for root in roots:
             for directory in ("usr/bin", "bin"):
                 binary = posixpath.join("/", directory, BINARY)
-                # Seen through PID 1's root; a link in it may be absolute, so not followed.
-                if os.path.lexists(f"{proc}/1/root{posixpath.join(root, directory, BINARY)}"):
-                    return cls(binary, root, proc)
+                # Seen through the host's root; a link in it may be absolute: not followed.
+                if os.path.lexists(f"{proc}/{pid}/root{posixpath.join(root, directory, BINARY)}"):
+                    return cls(binary, root, proc, pid)
         return None
 
     def start(self, pipe_dir: str) -> list[str]:
         """The command that starts the daemon on the host, outside the agent's cgroup."""
-        cgroups = cgroup_hierarchies(Path(f"{self.proc}/1/root{CGROUP_ROOT}"))
+        cgroups = cgroup_hierarchies(Path(f"{self.proc}/{self.pid}/root{CGROUP_ROOT}"))
         shm = shm_dir(pipe_dir) or ""
         args = [CGROUP_ROOT, shm, self.driver_root, self.binary, *cgroups]
-        return [*NSENTER, *UNSHARE, "/bin/sh", "-c", SCRIPT, CGROUP, *args]
+        return [*nsenter(self.pid), *UNSHARE, "/bin/sh", "-c", SCRIPT, CGROUP, *args]
 
     def send(self) -> list[str]:
         """The command that tells the daemon one command (on stdin): the pipe directory is
         a host directory at the same path in the agent's container and on the host."""
         chroot = [] if self.driver_root == "/" else ["chroot", self.driver_root]
-        return [*NSENTER, *chroot, self.binary]
+        return [*nsenter(self.pid), *chroot, self.binary]
 
 
 def cgroup_hierarchies(root: Path) -> tuple[str, ...]:

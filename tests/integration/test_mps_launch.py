@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from agents.hw.mps_control import LOG_VARIABLE, PIPE_VARIABLE, MpsControlBinary
-from agents.hw.mps_launch import CGROUP, NSENTER, PROC, SCRIPT, UNSHARE, HostLaunch
+from agents.hw.mps_launch import CGROUP, PROC, SCRIPT, UNSHARE, HostLaunch, nsenter
 from agents.sim.mps_control import PID_FILE, install_twin
 
 PROBE = "get_default_active_thread_percentage"
@@ -78,7 +78,7 @@ def test_the_host_script_moves_itself_to_its_cgroup_then_becomes_the_daemon(
         (cgroups / "cgroup.controllers").write_text("cpu memory pids\n")
     pipe, log = dirs(tmp_path)
     command = HostLaunch(twin.binary, "/", proc).start(pipe)
-    shell = command[len(NSENTER) + len(UNSHARE) :]
+    shell = command[len(nsenter(1)) + len(UNSHARE) :]
     assert shell[:4] == ["/bin/sh", "-c", SCRIPT, CGROUP]
     shell[4] = str(cgroups)  # the host's cgroup root, here a stand-in for it
     assert shell[5:7] == ["", "/"]  # no shared memory to bind (nothing mounted), no chroot

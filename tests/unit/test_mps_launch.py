@@ -12,11 +12,11 @@ from agents.hw.mps_control import MpsControlBinary
 from agents.hw.mps_launch import (
     BINARY,
     CGROUP,
-    NSENTER,
     SCRIPT,
     UNSHARE,
     HostLaunch,
     cgroup_hierarchies,
+    nsenter,
     shm_dir,
     where,
 )
@@ -24,19 +24,31 @@ from agents.hw.mps_launch import (
 V1 = ("blkio", "cpu,cpuacct", "cpuset", "devices", "memory", "pids", "systemd", "unified")
 
 
-def proc(tmp_path: Path, host_ns: str | None, ours: str = "mnt:[4026531840]") -> Path:
+def proc(
+    tmp_path: Path,
+    host_ns: str | None,
+    ours: str = "mnt:[4026531840]",
+    ancestors: tuple[tuple[int, str | None], ...] = (),
+) -> Path:
     """A stand-in for /proc: PID 1's and our own mount namespace links (PID 1's left out,
-    as where the agent may not read it, when `host_ns` is None)."""
+    as where the agent may not read it, when `host_ns` is None), and our ancestors', the
+    parent first, each with its `stat` naming its parent, the last one's PID 1."""
     root = tmp_path / "proc"
-    for pid, ns in (("1", host_ns), ("self", ours)):
+    pids = [pid for pid, _ in ancestors] + [1]
+    chain = [
+        ("self", ours, pids[0]),
+        *((str(p), ns, pids[i + 1]) for i, (p, ns) in enumerate(ancestors)),
+    ]
+    for pid, ns, parent in [("1", host_ns, 0), *chain]:
         (root / pid / "ns").mkdir(parents=True)
+        (root / pid / "stat").write_text(f"{pid} (a) b) S {parent} 1 1 0\n")
         if ns is not None:
             (root / pid / "ns" / "mnt").symlink_to(ns)
     return root
 
 
-def program(proc_root: Path, driver_root: str = "/") -> None:
-    path = proc_root / "1" / "root" / driver_root.lstrip("/") / "usr" / "bin" / BINARY
+def program(proc_root: Path, driver_root: str = "/", pid: int = 1) -> None:
+    path = proc_root / str(pid) / "root" / driver_root.lstrip("/") / "usr" / "bin" / BINARY
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("#!/bin/sh\n")
 
@@ -72,6 +84,26 @@ def test_elsewhere_it_starts_in_place_saying_why_where_a_rollout_would_stop_it(
 ) -> None:
     placed = where(proc(tmp_path, host_ns), environ)
     assert not placed.host and placed.warning == warning
+
+
+def test_where_pid_1_keeps_its_namespaces_the_nearest_ancestor_outside_is_the_host(
+    tmp_path: Path,
+) -> None:
+    # The agent (its mount namespace), an unreadable ancestor, one in the same namespace,
+    # then the runtime's shim in the node's, then PID 1 which nobody may read.
+    ancestors = ((40, None), (30, "mnt:[4026531840]"), (20, "mnt:[4026531832]"), (10, None))
+    placed = where(proc(tmp_path, None, ancestors=ancestors), {})
+    assert placed.host and placed.pid == 20
+    root = proc(tmp_path / "none", None, ancestors=((30, "mnt:[4026531840]"),))
+    assert not where(root, {}).host  # all of them in the agent's own
+
+
+def test_a_found_host_is_entered_through_that_pid(tmp_path: Path) -> None:
+    root = proc(tmp_path, None, ancestors=((20, "mnt:[1]"),))
+    program(root, pid=20)
+    found = MpsControlBinary.find(roots=(), proc=root)
+    assert found is not None and found.host == HostLaunch(f"/usr/bin/{BINARY}", "/", root, 20)
+    assert found.host.send() == [*nsenter(20), f"/usr/bin/{BINARY}"]
 
 
 @pytest.mark.parametrize("driver_root", ["/", "/run/nvidia/driver"])
@@ -131,11 +163,11 @@ def test_on_the_host_it_enters_pid_1s_namespaces_and_moves_to_a_cgroup_of_its_ow
     (mps / "shm").mkdir(parents=True)
     launch = HostLaunch(f"/usr/bin/{BINARY}", "/", root)
     command = launch.start(str(mps / "nvidia.com" / "gpu" / "pipe"))
-    assert NSENTER == ("nsenter", "--target", "1", "--mount", "--cgroup", "--")
+    assert nsenter(1) == ("nsenter", "--target", "1", "--mount", "--cgroup", "--")
     assert UNSHARE == ("unshare", "--mount", "--propagation", "slave", "--")
-    shell = [*NSENTER, *UNSHARE, "/bin/sh", "-c", SCRIPT, CGROUP]
+    shell = [*nsenter(1), *UNSHARE, "/bin/sh", "-c", SCRIPT, CGROUP]
     assert command == [*shell, "/sys/fs/cgroup", str(mps / "shm"), "/", launch.binary, *V1]
-    assert launch.send() == [*NSENTER, f"/usr/bin/{BINARY}"]
+    assert launch.send() == [*nsenter(1), f"/usr/bin/{BINARY}"]
 
 
 def test_a_driver_root_other_than_the_hosts_is_entered_with_chroot(tmp_path: Path) -> None:
@@ -143,9 +175,9 @@ def test_a_driver_root_other_than_the_hosts_is_entered_with_chroot(tmp_path: Pat
     (root / "1" / "root" / "sys" / "fs" / "cgroup").mkdir(parents=True)
     (root / "1" / "root" / "sys" / "fs" / "cgroup" / "cgroup.controllers").write_text("")
     launch = HostLaunch(f"/usr/bin/{BINARY}", "/run/nvidia/driver", root)
-    args = launch.start("/run/nvidia/mps/gpu.nvidia.com/pipe")[len(NSENTER) + len(UNSHARE) + 4 :]
+    args = launch.start("/run/nvidia/mps/gpu.nvidia.com/pipe")[len(nsenter(1)) + len(UNSHARE) + 4 :]
     assert args == ["/sys/fs/cgroup", "", "/run/nvidia/driver", launch.binary, "."]
-    assert launch.send() == [*NSENTER, "chroot", "/run/nvidia/driver", launch.binary]
+    assert launch.send() == [*nsenter(1), "chroot", "/run/nvidia/driver", launch.binary]
 
 
 def test_find_prefers_the_hosts_program_from_a_container_sharing_its_pid_namespace(
