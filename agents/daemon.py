@@ -310,7 +310,9 @@ class Agent:
         from agents.share_watch import share_watch
 
         period = self.timing.gpu_probe_s
-        watch = share_watch(manager, self.api, self.backends, period, self.metrics)
+        watch = share_watch(
+            manager, self.api, self.backends, period, metrics=self.metrics, config=self.config
+        )
         return [] if watch is None else [("gpu-shares", watch.run)]
 
     async def serve(self) -> None:

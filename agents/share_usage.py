@@ -4,15 +4,19 @@ joined; and which pods are over their share, episode by episode."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from agents.core.pod_cgroup import PodCgroup
 from agents.core.quantity import quantity
 from agents.dra.claim_checkpoint import PreparedClaim
 from agents.gpu.dra import MEMORY
 from agents.hw.nvml import GpuProcess
+
+if TYPE_CHECKING:
+    from agents.exposition import Family
 
 # A GPU's processes, each with the pod it runs in (None: outside every pod, or gone).
 Placed = Sequence[tuple[GpuProcess, PodCgroup | None]]
@@ -138,3 +142,35 @@ def exceeded_message(use: ShareUse) -> str:
         "there: MPS's limit binds only processes given its variables, and none where "
         "shares are not enforced"
     )
+
+
+LABELS = ("resource", "device", "namespace", "pod", "claim")
+
+
+class ShareCollector:
+    """node_agent_gpu_share_memory_used_bytes and _limit_bytes, from the last round."""
+
+    def __init__(self, uses: Callable[[], Iterable[ShareUse]]) -> None:
+        self._uses = uses
+
+    def collect(self) -> Iterator[Family]:
+        from agents.exposition import Family
+
+        used = Family(
+            "node_agent_gpu_share_memory_used_bytes",
+            "GPU memory the pod's processes use on the GPU of its share, in bytes (NVML)",
+            LABELS,
+        )
+        limit = Family(
+            "node_agent_gpu_share_memory_limit_bytes",
+            "GPU memory the pod's claim holds of the GPU as a share, in bytes",
+            LABELS,
+        )
+        for use in self._uses():
+            s = use.share
+            labels = (s.resource, s.device, s.namespace, use.pod, s.claim)
+            limit.add(labels, s.limit_bytes)
+            if use.used_bytes is not None:  # NVML did not answer: no series, not 0
+                used.add(labels, use.used_bytes)
+        yield used
+        yield limit

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,22 +25,26 @@ from agents.share_usage import (
     Episodes,
     Placed,
     Share,
+    ShareCollector,
     ShareUse,
     exceeded_message,
     shares_of,
     strangers,
     uses_of,
 )
+from agents.share_users import ServerUsers, server_users, waiting_message
 
 if TYPE_CHECKING:
     from agents.backends import Backends
     from agents.cluster.pod_events import PodEvents
-    from agents.exposition import Family
+    from agents.config import Config
     from agents.metrics import Metrics
 
 log = structlog.get_logger(__name__)
 
 EXCEEDED = "GPUShareExceeded"
+WAITS_FOR_USER = "GPUShareWaitsForUser"
+USERS_EVERY = 5  # the MPS servers' users are looked at once in this many rounds
 CLAIM_RETRY_S = 10.0  # a claim whose read failed is asked again after this long
 
 
@@ -56,6 +60,7 @@ class ShareWatch:
         *,
         events: PodEvents | None,
         period_s: float,
+        users: ServerUsers | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._prepared = prepared
@@ -72,6 +77,7 @@ class ShareWatch:
         self._unreadable: set[str] = set()  # GPUs whose processes NVML does not give now
         self._foreign_pids = False  # NVML's PIDs were not in this /proc (said once)
         self._episodes = Episodes()
+        self._users = users  # who waits behind another user's MPS server
         self.uses: tuple[ShareUse, ...] = ()
 
     async def run(self) -> None:
@@ -89,6 +95,8 @@ class ShareWatch:
                     await asyncio.sleep(max(0.0, self._period_s - (self._clock() - began)))
         finally:
             self._probes.close()
+            if self._users is not None:
+                self._users.close()
 
     async def round(self) -> None:
         shares = shares_of(self._prepared())
@@ -105,13 +113,34 @@ class ShareWatch:
                 used_bytes=use.used_bytes,
                 limit_bytes=use.share.limit_bytes,
             )
-            if self._events is not None:
-                from agents.cluster.pod_events import PodEvent
+            self._tell(use.share.namespace, use.pod, use.pod_uid, EXCEEDED, exceeded_message(use))
+        if self._users is not None:
+            await self._waiting(shares)
 
-                event = PodEvent(
-                    use.share.namespace, use.pod, use.pod_uid, EXCEEDED, exceeded_message(use)
-                )
-                self._events.post(event)
+    async def _waiting(self, shares: Sequence[Share]) -> None:
+        """Tell each pod that began waiting behind another user's MPS server."""
+        assert self._users is not None
+        pods = {
+            uid: (share.namespace, name)
+            for share in shares
+            for uid, name in self._pods.get(share.claim_uid, {}).items()
+        }
+        for wait in await self._users.begun(pods, self._period_s):
+            namespace, pod = pods[wait.pod_uid]
+            log.warning(
+                "gpu_share_waits_for_user",
+                pod=f"{namespace}/{pod}",
+                uid=wait.uid,
+                server_uid=wait.server_uid,
+            )
+            message = waiting_message(namespace, pod, wait)
+            self._tell(namespace, pod, wait.pod_uid, WAITS_FOR_USER, message)
+
+    def _tell(self, namespace: str, pod: str, pod_uid: str, reason: str, message: str) -> None:
+        if self._events is not None:
+            from agents.cluster.pod_events import PodEvent
+
+            self._events.post(PodEvent(namespace, pod, pod_uid, reason, message))
 
     def _placed(self, uuid: str) -> Placed:
         """Blocking, in the probes' worker thread: the GPU's processes and their pods."""
@@ -194,38 +223,6 @@ async def _never_failing(run: Callable[[], Awaitable[None]]) -> None:
         log.exception("pod_events_failed", effect="no GPUShareExceeded Events")
 
 
-LABELS = ("resource", "device", "namespace", "pod", "claim")
-
-
-class ShareCollector:
-    """node_agent_gpu_share_memory_used_bytes and _limit_bytes, from the last round."""
-
-    def __init__(self, watch: ShareWatch) -> None:
-        self._watch = watch
-
-    def collect(self) -> Iterator[Family]:
-        from agents.exposition import Family
-
-        used = Family(
-            "node_agent_gpu_share_memory_used_bytes",
-            "GPU memory the pod's processes use on the GPU of its share, in bytes (NVML)",
-            LABELS,
-        )
-        limit = Family(
-            "node_agent_gpu_share_memory_limit_bytes",
-            "GPU memory the pod's claim holds of the GPU as a share, in bytes",
-            LABELS,
-        )
-        for use in self._watch.uses:
-            s = use.share
-            labels = (s.resource, s.device, s.namespace, use.pod, s.claim)
-            limit.add(labels, s.limit_bytes)
-            if use.used_bytes is not None:  # NVML did not answer: no series, not 0
-                used.add(labels, use.used_bytes)
-        yield used
-        yield limit
-
-
 async def _nothing() -> None:
     """The share series need no refresh at a scrape: each round sets them."""
 
@@ -235,7 +232,9 @@ def share_watch(
     serve: object,
     backends: Backends,
     period_s: float,
+    *,
     metrics: Metrics | None = None,
+    config: Config | None = None,
 ) -> ShareWatch | None:
     """The watch of the GPU driver's shares, where the agent serves through DRA and its
     NVML lists processes (with its series in `metrics`); None otherwise."""
@@ -258,7 +257,10 @@ def share_watch(
 
     events = PodEvents(serve.settings.node, serve.claims.client)
     procfs = Procfs(backends.proc_root)
-    watch = ShareWatch(prepared, nvml, procfs, serve.claims.read, events=events, period_s=period_s)
+    users = server_users(backends, config, procfs, USERS_EVERY * period_s)
+    watch = ShareWatch(
+        prepared, nvml, procfs, serve.claims.read, events=events, period_s=period_s, users=users
+    )
     if metrics is not None:
-        metrics.add(ShareCollector(watch), _nothing)
+        metrics.add(ShareCollector(lambda: watch.uses), _nothing)
     return watch

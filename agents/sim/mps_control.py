@@ -18,6 +18,7 @@ from pathlib import Path
 SOCKET = "control"  # in the pipe directory, reached relative to it (paths may be long)
 PID_FILE = "nvidia-cuda-mps-control.pid"
 LOG_FILE = "control.log"
+SERVERS = "servers"  # in the pipe directory: the server PIDs get_server_list answers
 START_WAIT_S = 5.0
 GONE_CHECK_S = 1.0  # how often a daemon looks for its socket: gone with the node's tree, it ends
 IDLE_S = 120.0  # a daemon asked nothing this long ends: its agent is gone (killed, say)
@@ -131,6 +132,9 @@ def _answer(command: str, state: dict[str, str]) -> str:
         return state["threads"]
     if words[:1] == ["get_default_active_thread_percentage"]:
         return state["threads"]
+    if words[:1] == ["get_server_list"]:  # the servers a test says run (cwd: the pipe dir)
+        with contextlib.suppress(OSError):
+            return Path(SERVERS).read_text().strip()
     return ""
 
 

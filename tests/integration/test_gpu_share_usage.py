@@ -167,3 +167,65 @@ async def test_a_pods_memory_on_its_share_is_scraped_and_one_event_told_per_epis
     processes(node_file, [(4242, 2 * 1024)])
     await samples_until(port, lambda s: s.get((USED, a)) == 2 * GIB, "back once NVML answers")
     assert len(exceeded(dra_node)) == 2
+
+
+def process(proc: Path, pid: int, uid: int, cgroup: str, environ: dict[str, str]) -> None:
+    in_pod(proc, pid, cgroup)
+    (proc / str(pid) / "status").write_text(f"Name:\tp\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    (proc / str(pid) / "environ").write_bytes(
+        b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items())
+    )
+
+
+def mps_config(node_file: Path, tmp_path: Path) -> Path:
+    node_file.write_text(node_file.read_text() + "mps: {available: true}\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nsharing:\n  shares: {enforce: mps}\n")
+    return config
+
+
+async def test_a_pod_of_another_user_than_the_mps_servers_is_told_whom_it_waits_behind(
+    dra_node: DraNode, node_file: Path, tmp_path: Path
+) -> None:
+    config = mps_config(node_file, tmp_path)
+    sim = tmp_path / "sim"
+    args = ("--config", str(config), "--simulate-root", str(sim))
+    await dra_node.start(node_file, *args)
+    proc = sim / "node-agent-sim" / "proc"
+    client = {"CUDA_MPS_PIPE_DIRECTORY": "/mps/gpu.nvidia.com/pipe", "HOME": "/"}
+    in_pod(proc, 5000, "0::/system.slice/node-agents-mps\n")  # the MPS server
+    (proc / "5000" / "status").write_text("Name:\tnvidia-cuda-mps-server\nUid:\t1000\t1000\n")
+    process(proc, 4242, 1000, f"0::/kubepods/burstable/pod{POD_A}/{CONTAINER}\n", client)
+    process(proc, 4244, 2000, f"0::/kubepods/burstable/pod{POD_B}/{CONTAINER}\n", client)
+    process(proc, 4245, 65535, f"0::/kubepods/burstable/pod{POD_B}/{'cd' * 32}\n", {})
+    [pipe] = sim.rglob("gpu.nvidia.com/pipe")
+    (pipe / "servers").write_text("5000\n")
+    dra_node.claim("a", [("gpu", GPU, "gpu-0")], shareID=SHARE, consumedCapacity={"memory": "20Gi"})
+    reserve(dra_node, ("pa", POD_A), ("pb", POD_B))
+    assert str((await dra_node.kubelet.prepare(GPU, [ref("a")])).claims["a"].error) == ""
+    processes(node_file, [(4242, 1024)])
+
+    def waits() -> list[dict[str, Any]]:
+        found = dra_node.server.store.events.values()
+        return [e for e in found if e["reason"] == "GPUShareWaitsForUser"]
+
+    await dra_node.wait(waits, WAIT)
+    [event] = waits()
+    assert event["involvedObject"]["name"] == "pb"
+    assert event["involvedObject"]["uid"] == POD_B
+    assert "runs its GPU processes as user 2000" in event["message"]
+    assert "MPS server runs for user 1000" in event["message"]
+    told = pipe.parent / "log" / "control.log"
+
+    def looks() -> int:
+        return told.read_text().count("get_server_list")
+
+    seen = looks()
+    await dra_node.wait(lambda: looks() >= seen + 2, WAIT)  # still waiting: told once
+    assert len(waits()) == 1
+    (pipe / "servers").write_text("")  # the server's clients ended: pb's turn
+    seen = looks()
+    await dra_node.wait(lambda: looks() >= seen + 2, WAIT)
+    (pipe / "servers").write_text("5000\n")  # pa's server again: pb waits anew
+    await dra_node.wait(lambda: len(waits()) == 2, WAIT)
+    assert {e["involvedObject"]["name"] for e in waits()} == {"pb"}
