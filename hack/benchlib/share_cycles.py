@@ -5,6 +5,7 @@ DEFAULT, and the agent's memory, open files and threads do not grow."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ GPUS = 4
 PER_GPU = 25
 RSS_GROWTH_MB = 2.0  # from the end of the first cycle to the end of the last
 FD_GROWTH = 2  # the same span: a connection to the API server replaced meanwhile
+SETTLE_S = 5.0  # for the threads of the last calls (each ends just after its answer) to end
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,17 @@ def reading(node: SharedNode, agent: AgentProcess) -> Reading:
     )
 
 
+async def settled(node: SharedNode, agent: AgentProcess, threads: int) -> Reading:
+    """A reading once the agent runs no more threads than `threads`, or after SETTLE_S: a
+    worker thread of a call (a checkpoint write, a compute mode set) ends a moment after
+    the call is answered, and the agent's probes run some now and then."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        if agent.thread_count() <= threads or time.monotonic() > deadline:
+            return reading(node, agent)
+        await asyncio.sleep(0.01)  # polling another process, with a deadline
+
+
 async def cycle_figures(node: SharedNode, agent: AgentProcess, cycles: int) -> list[Figure]:
     from hack.benchlib.shares import no_collection, timed
 
@@ -81,7 +94,7 @@ async def cycle_figures(node: SharedNode, agent: AgentProcess, cycles: int) -> l
             for ref in refs:
                 await timed(node.bench.kubelet.unprepare, ref)
             seconds.append(time.perf_counter() - started)
-            after.append(reading(node, agent))
+            after.append(await settled(node, agent, before.threads))
     figures = _figures(before, peaks, after, seconds, len(claims))
     log, start = agent.work / "agent.log", node.log_start
     marks = [p.log for p in peaks], [a.log for a in after]
@@ -145,7 +158,9 @@ def _figures(
             "",
             "<= 0",
             all(a.threads <= before.threads for a in after),
-            f"before and after each cycle: {before.threads}; {each([a.threads for a in after])}",
+            f"before and after each cycle: {before.threads}; {each([a.threads for a in after])}"
+            f" (each read once at most {before.threads} or {SETTLE_S:g} s on: a call's worker "
+            "thread ends a moment after its answer)",
         ),
         info("agent RSS after the last cycle", last.rss_mb, "MB"),
     ]
