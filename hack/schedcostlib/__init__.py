@@ -1,0 +1,1 @@
+"""`hack/scheduler_cost`: what publishing GPUs for shares costs the cluster's scheduler."""
