@@ -23,6 +23,7 @@ from agents.gpu import dra, mps
 from agents.gpu.discovery import gpu_distance, nvlink_counts
 from agents.gpu.found import GpusFound
 from agents.gpu.gfd import GfdLabels
+from agents.gpu.mps_retire import MpsRetirement, retire
 from agents.gpu.plan import Unit
 from agents.gpu.resource import AllocateOptions, GpuResource, whole_gpus
 from agents.gpu.share_mps import hold_shares
@@ -99,6 +100,7 @@ class GpuFamily:
         self._kick = asyncio.Event()  # probe now: the event wait returned early
         self._mps = found.mps
         self._share_mps = found.share_mps  # None: shares' limits not enforced by MPS
+        self._retiring = MpsRetirement(None, nvml, (), self._mps_gpus)  # after a reload
         self._unlimited = unlimited(found.gpus)  # GPUs whose shares MPS cannot limit
         self._dev_root = found.dev_root
         self._mps_restart_s = timing.mps_restart_s
@@ -240,6 +242,11 @@ class GpuFamily:
         self._lost = set(earlier._lost)
         if self._share_mps is not None and earlier._share_mps is not None:
             self._share_mps.holding = earlier._share_mps.holding
+        if earlier._mps is not None:  # daemons this config no longer runs: stopped when idle
+            retired = [*earlier._retiring.daemons, *earlier._mps.retired_by(self._mps)]
+            self._retiring = MpsRetirement(
+                earlier._mps.control, self._nvml, retired, self._mps_gpus
+            )
         self._signals.take_over(earlier._signals, self._config.health.degraded.limits)
         self._publish(self._clock())
 
@@ -255,6 +262,8 @@ class GpuFamily:
                     if self._signals.active:
                         loops.create_task(self._read_signals())
                     changed = lambda: self._publish(self._clock())  # noqa: E731
+                    if self._retiring.daemons:
+                        loops.create_task(retire(self._retiring, self._probe_s))
                     for daemons in (self._mps, self._share_mps):
                         if daemons is not None:
                             loops.create_task(
@@ -268,6 +277,11 @@ class GpuFamily:
                             )
         finally:
             await self.close()
+
+    def _mps_gpus(self) -> frozenset[str]:
+        """The GPUs that MPS serves under this config: its daemons', those holding shares."""
+        served = frozenset() if self._mps is None else self._mps.gpus()
+        return served | (self._share_mps.holding if self._share_mps is not None else frozenset())
 
     async def close(self) -> None:
         """Give back the NVML initialisation of the discovery; safe to call twice."""

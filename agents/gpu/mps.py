@@ -102,7 +102,7 @@ class MpsDaemons:
         gpus: Sequence[Gpu],
         nvml: Nvml,
     ) -> None:
-        self._control = control
+        self.control = control
         self._nvml = nvml
         self._shm = mps_paths.shm_dir(root)
         self.daemons = tuple(
@@ -133,15 +133,15 @@ class MpsDaemons:
             log.info("mps_daemon_adopted", resource=daemon.resource, pipe_dir=daemon.pipe_dir)
             self.down.discard(daemon.resource)
             return
-        if self._control is None:
+        if self.control is None:
             self._unavailable(daemon, "no " + "nvidia-cuda-mps-control")
             return
         try:
             self._exclusive(daemon)
             os.makedirs(self._shm, exist_ok=True)  # the clients' /dev/shm
-            self._control.start(daemon.pipe_dir, daemon.log_dir)
+            self.control.start(daemon.pipe_dir, daemon.log_dir)
             for command in daemon.commands:
-                self._control.send(daemon.pipe_dir, daemon.log_dir, command)
+                self.control.send(daemon.pipe_dir, daemon.log_dir, command)
         except (BackendError, OSError) as exc:
             self._unavailable(daemon, str(exc))
             return
@@ -171,6 +171,15 @@ class MpsDaemons:
         for uuid in sorted(daemon.gpus):
             self._nvml.set_compute_mode(uuid, EXCLUSIVE)
 
+    def gpus(self) -> frozenset[str]:
+        """The GPUs its daemons serve."""
+        return frozenset(u for d in self.daemons if not d.refused for u in d.gpus)
+
+    def retired_by(self, newer: MpsDaemons | None) -> list[Daemon]:
+        """This config's daemons that `newer` (a reload's) does not run."""
+        kept = set() if newer is None else {d.pipe_dir for d in newer.daemons}
+        return [d for d in self.daemons if d.pipe_dir not in kept and not d.refused]
+
     def probe(self) -> bool:
         """Ask each daemon whether it runs; restart the ones down. True if any changed."""
         before = set(self.down)
@@ -199,10 +208,10 @@ class MpsDaemons:
         return None
 
     def _answers(self, daemon: Daemon) -> bool:
-        if self._control is None:
+        if self.control is None:
             return False
         try:
-            self._control.send(daemon.pipe_dir, daemon.log_dir, PROBE)
+            self.control.send(daemon.pipe_dir, daemon.log_dir, PROBE)
         except BackendError:
             return False
         return True

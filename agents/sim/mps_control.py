@@ -19,6 +19,7 @@ SOCKET = "control"  # in the pipe directory, reached relative to it (paths may b
 PID_FILE = "nvidia-cuda-mps-control.pid"
 LOG_FILE = "control.log"
 SERVERS = "servers"  # in the pipe directory: the server PIDs get_server_list answers
+CLIENTS = "clients-"  # + a server PID, in the pipe directory: get_client_list's answer
 START_WAIT_S = 5.0
 GONE_CHECK_S = 1.0  # how often a daemon looks for its socket: gone with the node's tree, it ends
 IDLE_S = 120.0  # a daemon asked nothing this long ends: its agent is gone (killed, say)
@@ -135,6 +136,9 @@ def _answer(command: str, state: dict[str, str]) -> str:
     if words[:1] == ["get_server_list"]:  # the servers a test says run (cwd: the pipe dir)
         with contextlib.suppress(OSError):
             return Path(SERVERS).read_text().strip()
+    if words[:1] == ["get_client_list"] and len(words) == 2:  # the clients a test says
+        with contextlib.suppress(OSError):
+            return Path(CLIENTS + words[1]).read_text().strip()
     return ""
 
 

@@ -4,6 +4,7 @@ daemon's limits as the twin recorded them, and the daemon watched and adopted.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -12,17 +13,19 @@ import pytest
 import structlog
 import yaml
 
+from agents.config import parse_config
+from agents.errors import BackendError
 from agents.gpu.discovery import discover
 from agents.gpu.mps import MpsDaemons
 from agents.gpu.plan import plan_resources
 from agents.hw.mps_control import MpsControlBinary
 from agents.sim.bundled import bundled_node
-from agents.sim.mps_control import PID_FILE, install_twin
+from agents.sim.mps_control import CLIENTS, PID_FILE, SERVERS, install_twin
 from agents.sim.nvml import SimNvml
 from agents.sim.simnode import SimulatedNode
 from agents.standin.kubelet import AdmissionError, Container, Kubelet, Pod
 from agents.timing import Timing
-from tests.conditions import WAIT
+from tests.conditions import WAIT, async_wait_until
 from tests.integration.gpu_agent import Running, config, running_agent
 
 MPS_CONFIG = """\
@@ -243,3 +246,38 @@ def test_more_than_16_replicas_of_a_gpu_older_than_compute_capability_7_5_start_
     finally:
         if (Path(daemon.pipe_dir) / PID_FILE).exists():
             quit_all(tmp_path, mps)
+
+
+async def test_a_reload_that_stops_mps_stops_its_daemon_once_its_clients_end(
+    tmp_path: Path,
+) -> None:
+    cfg = MPS_CONFIG % "false"
+    async with running_agent(tmp_path, cfg, node=mps_node(tmp_path), timing=FAST) as running:
+        try:
+            await running.kubelet.wait_until(healthy, WAIT)
+            uuids = running.gpu_uuids()
+            pipe = Path(dirs(running, "nvidia.com/gpu")[0])
+            (pipe / SERVERS).write_text("4242\n")  # a server with a client: a pod from before
+            (pipe / f"{CLIENTS}4242").write_text("4343\n")
+            with structlog.testing.capture_logs() as logs:
+                await running.agent.reload(parse_config("version: v1\n", "<test>"))
+                await running.kubelet.wait_until(
+                    lambda k: k.capacity().get("nvidia.com/gpu") == 8, WAIT
+                )
+                await async_wait_until(
+                    lambda: any(e["event"] == "mps_daemon_retiring" for e in logs), WAIT, "wait"
+                )
+                assert (pipe / PID_FILE).exists()
+                modes = running.sim.nvml.compute_modes
+                assert [modes[u] for u in uuids] == ["EXCLUSIVE_PROCESS"] * 8  # still served
+                (pipe / f"{CLIENTS}4242").write_text("")  # its last client ended
+                await async_wait_until(
+                    lambda: any(e["event"] == "mps_daemon_retired" for e in logs), WAIT, "retired"
+                )
+            assert "quit" in told(running, "nvidia.com/gpu")
+            assert [running.sim.nvml.compute_mode(u) for u in uuids] == ["DEFAULT"] * 8
+            [said] = [e for e in logs if e["event"] == "mps_daemon_retiring"]
+            assert said["clients"] == ["4343"]
+        finally:
+            with contextlib.suppress(BackendError):
+                quit_daemon(running, "nvidia.com/gpu")
