@@ -144,6 +144,15 @@ def fill_count(nodes: int, full: float) -> int:
     return math.floor(nodes * full + 1e-9)
 
 
+def check_room(nodes: int, full: float, template: dict[str, Any], samples: int) -> None:
+    """Refuse a run whose samples (and warm-ups) could not all fit beside the fill."""
+    gpus = len(template["devices"])
+    free = (nodes - fill_count(nodes, full)) * gpus
+    kinds = len(KINDS) if shared(template) else 1
+    if free < kinds * (samples + 1):
+        raise ValueError(f"{free} GPUs left free: too few for {samples} samples of each claim")
+
+
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest rank: the smallest value with at least p % of them at or below it."""
     if not values:

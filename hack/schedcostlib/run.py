@@ -237,9 +237,6 @@ async def variant(
     # A share names compute, which a GPU not published for shares has not: it never fits.
     kinds = KINDS if shared(template) else ("whole",)
     filled = fill_count(opts.nodes, opts.full)
-    free_gpus = (opts.nodes - filled) * gpus
-    if free_gpus < len(kinds) * (opts.samples + 1):
-        raise ValueError(f"{free_gpus} GPUs left free: too few for {opts.samples} samples of each")
     start = time.monotonic()
     await asyncio.gather(
         *(c.post(SLICES, node_slice(template, node_name(i))) for i in range(opts.nodes))

@@ -14,6 +14,7 @@ from hack.schedcostlib.objects import (
     SHARE,
     SLICES,
     TemplateError,
+    check_room,
     claim,
     fill_count,
     load_template,
@@ -105,6 +106,10 @@ def test_nodes_are_made_unreachable_and_for_this_tool_only() -> None:
 
 def test_fill_and_figures() -> None:
     assert fill_count(1000, 0.99) == 990
+    shares = load_template((SLICES / "h100x8-shares.json").read_text(), "shares")
+    check_room(1000, 0.99, shares, 39)  # 80 GPUs free: 2 x (39 + 1 warm-up)
+    with pytest.raises(ValueError, match="80 GPUs left free"):
+        check_room(1000, 0.99, shares, 40)
     assert fill_count(10, 0.0) == 0
     with pytest.raises(ValueError, match="fraction"):
         fill_count(10, 1.0)
