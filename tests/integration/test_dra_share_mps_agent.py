@@ -74,3 +74,30 @@ async def test_the_agents_daemon_serves_shares_and_when_killed_their_gpu_is_unhe
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+
+async def test_a_restarted_agent_process_adopts_the_daemon_its_shares_use(
+    dra_node: DraNode, node_file: Path, tmp_path: Path
+) -> None:
+    config = shared_config(node_file, tmp_path, "mps")
+    parent = tmp_path / "sim"
+    args = ("--config", str(config), "--simulate-root", str(parent))
+    agent = await dra_node.start(node_file, *args)
+    pipes = parent / SUBTREE / PIPES
+    try:
+        share(dra_node, "a", SHARE_A)
+        assert (await prepared(dra_node, "a"))[0] == ""
+        first, socket = pid_of(pipes / "pipe"), (pipes / "pipe" / "control").stat().st_ino
+        assert agent.terminate() == 0
+        assert pid_of(pipes / "pipe") == first  # the simulated host's /run outlives the agent
+        again = await dra_node.start(node_file, *args)
+        assert "mps_daemon_adopted" in again.stderr and "mps_daemon_started" not in again.stderr
+        assert pid_of(pipes / "pipe") == first
+        assert (pipes / "pipe" / "control").stat().st_ino == socket  # pods' mounts still good
+        assert env(dra_node, "a")["CUDA_MPS_PIPE_DIRECTORY"] == f"/mps/{GPU}/pipe"
+        assert again.terminate() == 0
+    finally:
+        pid = pid_of(pipes / "pipe")
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)

@@ -11,7 +11,7 @@ import pytest
 
 from agents.backends import simulated_backends
 from agents.errors import ConfigError
-from agents.sim.root import SUBTREE, sim_root
+from agents.sim.root import KEPT, SUBTREE, sim_root
 
 
 def test_a_missing_root_is_created_and_removed_with_the_tree(tmp_path: Path) -> None:
@@ -62,3 +62,18 @@ async def test_device_nodes_of_the_simulated_node_are_under_the_root(
         assert stat.S_ISCHR(uverbs.lstat().st_mode)
         assert (parent / SUBTREE / "sys/bus/pci/devices").is_dir()
     assert os.listdir(parent) == []
+
+
+def test_the_simulated_hosts_runtime_state_outlives_the_agent(tmp_path: Path) -> None:
+    parent = tmp_path / "sim"
+    with sim_root(parent) as root:
+        pipe = root / KEPT / "nvidia" / "mps" / "gpu.nvidia.com" / "pipe"
+        pipe.mkdir(parents=True)
+        (pipe / "control").touch()  # an MPS daemon's socket
+        (root / "dev").mkdir()
+    assert os.listdir(root) == [KEPT]  # the rest of the tree goes, the daemon's pipes stay
+    assert (pipe / "control").exists()
+    with sim_root(parent) as again:  # the next agent's start
+        assert again == root and os.listdir(again) == [KEPT]
+        (pipe / "control").unlink()  # the daemon gone: no file left to keep
+    assert os.listdir(parent) == []  # nothing kept: the tree goes (the root, found, stays)
