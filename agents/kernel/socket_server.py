@@ -135,27 +135,53 @@ async def keep_serving(
     kept: Callable[[], Iterable[Kept]], *, event: str, guard: asyncio.Lock | None = None
 ) -> None:
     """Serve again whatever of `kept` lost a socket (logged as `event`), until cancelled.
-    The sockets' directories are watched with inotify: nothing runs while they stay.
-    An owner that also restarts or stops what it keeps holds `guard` meanwhile: a socket
-    it is replacing is missing for a moment, and is not ours to serve again."""
+    The sockets' directories are watched with inotify: nothing runs while they stay, and
+    other entries' changes (a checkpoint's rename beside a DRA socket, on every prepare)
+    wake nothing but a look at the events. An owner that also restarts or stops what it
+    keeps holds `guard` meanwhile: a socket it is replacing is missing for a moment, and
+    is not ours to serve again."""
     guard = guard or asyncio.Lock()
-    while True:
-        now = list(kept())
-        dirs = {s.path.parent for k in now for s in k.sockets()}
-        try:
-            watches = [DirectoryWatch(d, Change.DELETED | Change.DIR_GONE) for d in sorted(dirs)]
-        except BackendError:  # a directory gone (serving again makes it anew), or no watch
-            watches = []
-        try:
-            if not watches:
+    watches: dict[Path, DirectoryWatch] = {}  # kept open across wake-ups: closing blocks
+    try:
+        while True:
+            sockets = [s for k in kept() for s in k.sockets()]
+            dirs = {s.path.parent for s in sockets}
+            _rewatch(watches, dirs)
+            if not watches or len(watches) < len(dirs):  # none, or a directory gone
                 await asyncio.sleep(UNWATCHED_CHECK_S)
-            elif all(s.present() for k in now for s in k.sockets()):
-                await first(*(w.changed() for w in watches))
+            elif all(s.present() for s in sockets):
+                await _socket_gone(watches, {s.path for s in sockets})
             async with guard:
                 for item in list(kept()):  # what is kept now: the owner may have changed it
                     if not all(s.present() for s in item.sockets()):
                         log.warning(event, name=item.name)
                         await item.restart()
-        finally:
-            for watch in watches:
-                watch.close()
+    finally:
+        for watch in watches.values():
+            watch.close()
+
+
+def _rewatch(watches: dict[Path, DirectoryWatch], dirs: set[Path]) -> None:
+    """Watch each of `dirs` (those that exist), and no other directory."""
+    for directory in [d for d in watches if d not in dirs]:
+        watches.pop(directory).close()
+    for directory in sorted(dirs - watches.keys()):
+        with contextlib.suppress(BackendError):
+            watches[directory] = DirectoryWatch(directory, Change.DELETED | Change.DIR_GONE)
+
+
+async def _socket_gone(watches: dict[Path, DirectoryWatch], paths: set[Path]) -> None:
+    """Until one of `paths` is deleted or renamed away, or a watched directory goes (its
+    watch then closed: it sees nothing more)."""
+    while True:
+        await first(*(w.changed() for w in watches.values()))
+        seen = False
+        for directory, watch in list(watches.items()):
+            for change in watch.drain():
+                if change.change & Change.DIR_GONE:
+                    watches.pop(directory).close()
+                    seen = True
+                    break
+                seen = seen or directory / change.name in paths
+        if seen:
+            return

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import grpc
+import pytest
 
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
+from agents.hw.inotify import Change, DirectoryWatch
 from agents.kernel.socket_server import UnixServer, keep_serving
 from tests.conditions import WAIT, async_wait_until
 
@@ -182,3 +184,39 @@ async def test_what_is_no_longer_kept_when_keep_serving_looks_is_not_served_agai
         await asyncio.gather(keeping, return_exceptions=True)
         await stays.server.stop()
         await goes.server.stop()
+
+
+async def test_other_entries_changing_beside_a_kept_socket_open_no_new_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DRA driver's checkpoint is renamed into the socket's directory on every prepare:
+    the watch stays (closing an inotify descriptor blocks the loop for milliseconds) and
+    the socket, still there, is left alone; deleted, it is served again."""
+    from agents.kernel import socket_server
+
+    made: list[Path] = []
+
+    class Counted(DirectoryWatch):
+        def __init__(self, path: Path, changes: Change) -> None:
+            made.append(path)
+            super().__init__(path, changes)
+
+    monkeypatch.setattr(socket_server, "DirectoryWatch", Counted)
+    path = tmp_path / "s.sock"
+    kept = _Kept(UnixServer(path, _add))
+    await kept.server.start()
+    keeping = asyncio.create_task(keep_serving(lambda: [kept], event="test_socket_removed"))
+    try:
+        await async_wait_until(lambda: made == [tmp_path], WAIT, "the directory watched")
+        for n in range(50):  # a checkpoint written the atomic way, fifty times
+            (tmp_path / f".checkpoint.{n}.tmp").write_text("{}")
+            (tmp_path / f".checkpoint.{n}.tmp").rename(tmp_path / "checkpoint.json")
+        (tmp_path / "checkpoint.json").unlink()
+        path.unlink()  # and then the socket itself
+        await async_wait_until(lambda: kept.restarts == 1 and kept.server.present(), WAIT)
+        assert made == [tmp_path]  # one watch throughout
+        assert kept.restarts == 1
+    finally:
+        keeping.cancel()
+        await asyncio.gather(keeping, return_exceptions=True)
+        await kept.server.stop()
