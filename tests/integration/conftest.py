@@ -83,7 +83,7 @@ class AgentProcess:
 def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
     """start_agent(["run", ...], env=None, short_timing=False) spawns `python -m agents.cli
     ...` (in `env`, or this process's environment; on tests/timing.py's short hold times
-    and probe periods if asked); killed at teardown."""
+    and probe periods if asked); stopped at teardown."""
     spawned: list[AgentProcess] = []
 
     def start(
@@ -105,10 +105,15 @@ def start_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProcess]]:
         return agent
 
     yield start
+    for agent in spawned:  # stopped as a kubelet would: SIGTERM, then SIGKILL
+        if agent.alive():  # (killed, it would leave its simulated tree in /dev/shm)
+            agent.process.send_signal(signal.SIGTERM)
     for agent in spawned:
-        if agent.alive():
+        try:
+            agent.process.wait(10)
+        except subprocess.TimeoutExpired:
             agent.process.kill()
-        agent.process.wait(10)
+            agent.process.wait(10)
 
 
 @pytest.fixture
