@@ -208,6 +208,9 @@ class GpuFamily:
         """The GPUs of the devices that hold shares told to their MPS daemon's keeper."""
         assert self._share_mps is not None
         gpus = {(r.name, u.id): u.gpu_uuid for r in self._resources for u in r.plan.units}
+        daemon = self._share_mps
+        if not daemon.down and frozenset(gpus[k] for k in held if k in gpus) == daemon.holding:
+            return  # a share joining shares of its GPUs, the daemon up: nothing to change
         try:
             await hold_shares(self._share_mps, gpus, held, fresh)
         finally:
