@@ -19,6 +19,7 @@ from agents.hw.mps_launch import (
     HOST_DRIVER_ROOTS,
     HOST_PATH,
     PROC,
+    CgroupLaunch,
     HostLaunch,
     Where,
     where,
@@ -48,7 +49,9 @@ class MpsControlBinary:
     """The driver's control program (or the simulator's twin of it, at another path): run
     in place, or with `host` on the host, where `binary` is only what the agent saw."""
 
-    def __init__(self, binary: str, host: HostLaunch | None = None, warning: str = "") -> None:
+    def __init__(
+        self, binary: str, host: HostLaunch | CgroupLaunch | None = None, warning: str = ""
+    ) -> None:
         self.binary = binary
         self.host = host
         self._warning = warning  # why a daemon started in place dies with the container

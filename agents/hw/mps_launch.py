@@ -28,10 +28,7 @@ UNSHARE = ("unshare", "--mount", "--propagation", "slave", "--")
 # unified one). It moves itself into CGROUP of each hierarchy (a new cgroup v1 cpuset
 # starts empty and takes no process: it gets its parent's CPUs and memory nodes), binds
 # the shared memory, then becomes the program: `-d` forks the daemon, which inherits both.
-SCRIPT = """\
-set -eu
-cg=$1 shm=$2 root=$3 bin=$4
-shift 4
+MOVE = """\
 for h in "$@"; do
     d=$cg/$h/node-agents-mps
     mkdir -p "$d"
@@ -42,10 +39,20 @@ for h in "$@"; do
     done
     echo $$ > "$d/cgroup.procs"
 done
+"""
+SCRIPT = (
+    "set -eu\ncg=$1 shm=$2 root=$3 bin=$4\nshift 4\n"
+    + MOVE
+    + """\
 if [ -n "$shm" ]; then mount --bind "$shm" "${root%/}/dev/shm"; fi
 if [ "$root" = / ]; then exec "$bin" -d; fi
 exec chroot "$root" "$bin" -d
 """
+)
+# The same move for a program of the agent's own filesystem (the simulator's twin), run
+# in the agent's mount namespace: $1 the host's cgroup root as the agent sees it, $2 the
+# program, then the hierarchies.
+ESCAPE = "set -eu\ncg=$1 bin=$2\nshift 2\n" + MOVE + 'exec "$bin" -d\n'
 
 
 def nsenter(pid: int) -> tuple[str, ...]:
@@ -146,6 +153,35 @@ class HostLaunch:
         a host directory at the same path in the agent's container and on the host."""
         chroot = [] if self.driver_root == "/" else ["chroot", self.driver_root]
         return [*nsenter(self.pid), *chroot, self.binary]
+
+
+@dataclass(frozen=True)
+class CgroupLaunch:
+    """A program of the agent's own filesystem, the simulator's twin of the driver's,
+    started outside the agent's cgroup but in its mount namespace, which the daemon then
+    keeps alive when the container ends: a simulated node's daemon outlives a rollout of
+    the agent's pod as the driver's (HostLaunch) does. Told commands in place."""
+
+    binary: str
+    proc: Path = PROC
+    pid: int = 1  # whose namespaces are the host's
+
+    def start(self, pipe_dir: str) -> list[str]:
+        """The command that starts the daemon in a cgroup of its own."""
+        root = f"{self.proc}/{self.pid}/root{CGROUP_ROOT}"
+        escape = ["/bin/sh", "-c", ESCAPE, CGROUP, root, self.binary]
+        return [
+            "nsenter",
+            "--target",
+            str(self.pid),
+            "--cgroup",
+            "--",
+            *escape,
+            *cgroup_hierarchies(Path(root)),
+        ]
+
+    def send(self) -> list[str]:
+        return [self.binary]
 
 
 def cgroup_hierarchies(root: Path) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from agents.errors import ConfigError
 from agents.hw.inotify import Change, DirectoryWatch
 from agents.hw.lldp import NeighbourSource
 from agents.hw.mps_control import MpsControlBinary
+from agents.hw.mps_launch import CgroupLaunch, where
 from agents.hw.netlink import LinkMonitor, LinkState
 from agents.hw.sysfs import Sysfs
 from agents.sim.links import SimLinkMonitor
@@ -86,7 +87,11 @@ class SimulatedNode:
         spec = parse_node(text, str(self.node_file))
         self.tree.apply(spec)
         if spec.mps_available:
-            self.mps = MpsControlBinary(str(install_twin(self.dev_root)))
+            twin = str(install_twin(self.dev_root))
+            placed = where()  # in a pod sharing the host's PID namespace: out of its cgroup
+            self.mps = MpsControlBinary(
+                twin, CgroupLaunch(twin, pid=placed.pid) if placed.host else None
+            )
         self._nvml = SimNvml(spec)
         self._links = SimLinkMonitor(spec, self._host_links)
         self._neighbours = SimNeighbourSource(spec, self._host_lldp, self._on_host)

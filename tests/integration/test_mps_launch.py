@@ -13,7 +13,16 @@ import pytest
 import structlog
 
 from agents.hw.mps_control import LOG_VARIABLE, PIPE_VARIABLE, MpsControlBinary
-from agents.hw.mps_launch import CGROUP, PROC, SCRIPT, UNSHARE, HostLaunch, nsenter
+from agents.hw.mps_launch import (
+    CGROUP,
+    ESCAPE,
+    PROC,
+    SCRIPT,
+    UNSHARE,
+    CgroupLaunch,
+    HostLaunch,
+    nsenter,
+)
 from agents.sim.mps_control import PID_FILE, install_twin
 
 PROBE = "get_default_active_thread_percentage"
@@ -91,4 +100,29 @@ def test_the_host_script_moves_itself_to_its_cgroup_then_becomes_the_daemon(
     if version == "v1":
         assert (cgroups / "cpuset" / CGROUP / "cpuset.cpus").read_text() == "0-15\n"
         assert (cgroups / "cpuset" / CGROUP / "cpuset.mems").read_text() == "0-1\n"
+    assert twin.send(pipe, log, PROBE) == "100.0"
+
+
+def test_the_simulators_twin_leaves_the_agents_cgroup_but_not_its_filesystem(
+    tmp_path: Path, twin: MpsControlBinary
+) -> None:
+    """In a pod sharing the host's PID namespace a simulated node's daemon (the twin, a
+    program of the agent's image) moves to a cgroup of its own, as the driver's does."""
+    proc = tmp_path / "proc"
+    cgroups = proc / "7" / "root" / "sys" / "fs" / "cgroup"
+    (cgroups / CGROUP).mkdir(parents=True)
+    (cgroups / "cgroup.procs").write_text("1\n")
+    (cgroups / "cgroup.controllers").write_text("cpu memory pids\n")
+    launch = CgroupLaunch(twin.binary, proc, 7)
+    pipe, log = dirs(tmp_path)
+    command = launch.start(pipe)
+    assert command[:5] == ["nsenter", "--target", "7", "--cgroup", "--"]
+    shell = command[5:]
+    assert shell == ["/bin/sh", "-c", ESCAPE, CGROUP, str(cgroups), twin.binary, "."]
+    env = {"PATH": "/usr/bin:/bin", PIPE_VARIABLE: pipe, LOG_VARIABLE: log}
+    with subprocess.Popen(shell, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sh:
+        _, err = sh.communicate(timeout=30)
+    assert sh.returncode == 0, err
+    assert (cgroups / CGROUP / "cgroup.procs").read_text() == f"{sh.pid}\n"
+    assert launch.send() == [twin.binary]  # told commands in place, as before
     assert twin.send(pipe, log, PROBE) == "100.0"
