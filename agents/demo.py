@@ -4,7 +4,8 @@ Shows what a person would check on a real node: the capacity and the GPU labels 
 selectors written for NVIDIA's GPU Feature Discovery read, a few pods' devices with
 their GPU<->NIC pairs, a fault turning a device Unhealthy and a reset bringing it back, a
 GPU whose PCIe link trains at half width turning Degraded (chosen last, still counted by
-the kubelet) and Healthy again once restored, and a clean stop.
+the kubelet) and Healthy again once restored, and a clean stop; then two DRA claims'
+shares of one GPU, with their MPS limits (agents/demo_shares.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agents.core.health import GpuLost, Grade
 from agents.core.topology import Topology
 from agents.core.xid import HOLD_S
 from agents.daemon import Agent
+from agents.demo_shares import show_shares
 from agents.gpu.family import GpuFamily
 from agents.gpu.plan import GPU_RESOURCE
 from agents.kernel.catalogue import Inventory
@@ -76,6 +78,7 @@ class Demo:
         await self.kubelet.stop()
         gone = not any(self.plugin_dir.glob("node-agent-*.sock"))
         self.out(f"\nAgent stopped; its sockets removed: {'yes' if gone else 'NO'}.")
+        await show_shares(self.node_file, self.plugin_dir.parent, self.out)
 
     async def _story(self, agent: Agent) -> None:
         started = time.monotonic()
