@@ -25,7 +25,7 @@ async def test_the_shares_bench_measures_every_figure_and_leaves_nothing(tmp_pat
         "100 shares prepared at each peak",
         "CDI spec files left after a cycle",
         "checkpointed claims left after a cycle",
-        "agent threads after a cycle, beyond those before",
+        "agent threads growth, first cycle -> last",
         "GPUs not in DEFAULT compute mode after a cycle",
     } <= figures.keys()
     for name in TIMED:
