@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -34,6 +35,12 @@ START_ATTEMPTS = 5
 PROBE_S = 2.0  # a served socket answers in milliseconds; longer means it is gone
 GRACE_S = 0.5  # how long stopping lets calls in flight finish
 UNWATCHED_CHECK_S = 2.0  # how often sockets are looked for when inotify cannot watch
+# A socket lost again this soon after it was served anew is contended (another process
+# serves on the path: a second agent, say): each restart then waits twice as long, up to
+# the most, rather than taking the path back and forth hundreds of times a second.
+CONTENDED_S = 2.0
+FIRST_BACKOFF_S = 0.1
+MOST_BACKOFF_S = 30.0
 
 Servicers = Callable[[grpc.aio.Server], None]  # adds the services to a fresh server
 
@@ -142,6 +149,7 @@ async def keep_serving(
     is not ours to serve again."""
     guard = guard or asyncio.Lock()
     watches: dict[Path, DirectoryWatch] = {}  # kept open across wake-ups: closing blocks
+    backoff = _Backoff()
     try:
         while True:
             sockets = [s for k in kept() for s in k.sockets()]
@@ -151,14 +159,51 @@ async def keep_serving(
                 await asyncio.sleep(UNWATCHED_CHECK_S)
             elif all(s.present() for s in sockets):
                 await _socket_gone(watches, {s.path for s in sockets})
+            lost = [k.name for k in kept() if not all(s.present() for s in k.sockets())]
+            await asyncio.sleep(backoff.wait(lost))  # outside the guard: owners go on
             async with guard:
                 for item in list(kept()):  # what is kept now: the owner may have changed it
                     if not all(s.present() for s in item.sockets()):
                         log.warning(event, name=item.name)
+                        backoff.restarted(item.name)
                         await item.restart()
     finally:
         for watch in watches.values():
             watch.close()
+
+
+class _Backoff:
+    """How long to wait before serving again what lost its socket: nothing the first
+    time, FIRST_BACKOFF_S doubling while it is lost again within CONTENDED_S each time."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: dict[str, tuple[float, float]] = {}  # name -> (restarted at, delay)
+
+    def wait(self, names: Iterable[str]) -> float:
+        return max((self._delay(n) for n in names), default=0.0)
+
+    def _delay(self, name: str) -> float:
+        at, delay = self._last.get(name, (-CONTENDED_S, 0.0))
+        return delay if self._clock() - at < CONTENDED_S + delay else 0.0
+
+    def restarted(self, name: str) -> None:
+        """Told after the wait, as `name` is served again."""
+        now = self._clock()
+        at, delay = self._last.get(name, (-CONTENDED_S, 0.0))
+        if now - at < CONTENDED_S + delay:
+            delay = min(max(2 * delay, FIRST_BACKOFF_S), MOST_BACKOFF_S)
+            if delay == FIRST_BACKOFF_S:
+                log.error(
+                    "socket_contended",
+                    name=name,
+                    reason=f"its socket was replaced again within {CONTENDED_S:g} s",
+                    effect="another process serves on the same path (a second agent?);"
+                    f" served again after a wait doubling up to {MOST_BACKOFF_S:g} s",
+                )
+        else:
+            delay = 0.0
+        self._last[name] = (now, delay)
 
 
 def _rewatch(watches: dict[Path, DirectoryWatch], dirs: set[Path]) -> None:
@@ -167,12 +212,15 @@ def _rewatch(watches: dict[Path, DirectoryWatch], dirs: set[Path]) -> None:
         watches.pop(directory).close()
     for directory in sorted(dirs - watches.keys()):
         with contextlib.suppress(BackendError):
-            watches[directory] = DirectoryWatch(directory, Change.DELETED | Change.DIR_GONE)
+            watches[directory] = DirectoryWatch(
+                directory, Change.DELETED | Change.CREATED | Change.DIR_GONE
+            )
 
 
 async def _socket_gone(watches: dict[Path, DirectoryWatch], paths: set[Path]) -> None:
-    """Until one of `paths` is deleted or renamed away, or a watched directory goes (its
-    watch then closed: it sees nothing more)."""
+    """Until one of `paths` is deleted, renamed away or replaced (another file renamed
+    over it: another server's), or a watched directory goes (its watch then closed: it
+    sees nothing more)."""
     while True:
         await first(*(w.changed() for w in watches.values()))
         seen = False

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import grpc
 import pytest
+import structlog.testing
 
 from agents.api import pluginregistration_pb2 as reg_pb
 from agents.api import pluginregistration_pb2_grpc as reg_grpc
@@ -220,3 +222,40 @@ async def test_other_entries_changing_beside_a_kept_socket_open_no_new_watch(
         keeping.cancel()
         await asyncio.gather(keeping, return_exceptions=True)
         await kept.server.stop()
+
+
+async def test_a_socket_another_process_keeps_taking_is_served_again_ever_more_slowly(
+    tmp_path: Path,
+) -> None:
+    """Two servers on one path (a second agent, say) would take it from each other hundreds
+    of times a second: once contended, each restart waits twice as long as the last."""
+    path = tmp_path / "s.sock"
+    kept = _Kept(UnixServer(path, _add))
+    await kept.server.start()
+    theirs = tmp_path / "theirs"
+
+    async def rival() -> None:  # the other process: takes the path back whenever it is ours
+        while True:
+            if kept.server.present():
+                theirs.write_text("theirs")
+                theirs.rename(path)
+            await asyncio.sleep(0.001)  # its own pace, not a wait on the code under test
+
+    with structlog.testing.capture_logs() as logs:
+        keeping = asyncio.create_task(keep_serving(lambda: [kept], event="test_socket_removed"))
+        other = asyncio.create_task(rival())
+        try:
+            await async_wait_until(lambda: kept.restarts >= 1, WAIT, "the first restart")
+            began = time.monotonic()
+            await async_wait_until(lambda: kept.restarts >= 5, WAIT, "four more")
+            took = time.monotonic() - began
+            other.cancel()
+            await asyncio.gather(other, return_exceptions=True)
+            await async_wait_until(kept.server.present, WAIT + 1.6, "served again, alone")
+        finally:
+            for task in (keeping, other):
+                task.cancel()
+            await asyncio.gather(keeping, other, return_exceptions=True)
+            await kept.server.stop()
+    assert took >= 0.1 + 0.2 + 0.4  # the waits before restarts 3, 4 and 5
+    assert [e["name"] for e in logs if e["event"] == "socket_contended"] == ["kept"]
