@@ -14,10 +14,10 @@ import structlog
 
 from agents.cluster.client import ApiClient, ApiError, UnreachableError
 from agents.cluster.reporter import (
-    COMPONENT,
     FIRST_RETRY_S,
     MAX_RETRY_S,
     REFUSED_FOR_GOOD,
+    event_body,
     rfc3339,
 )
 
@@ -95,27 +95,12 @@ class PodEvents:
         return min(delay * 2, self._max_retry_s)
 
     def _body(self, event: PodEvent, at: str, name: str) -> dict[str, object]:
-        return {
+        pod = {
             "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": name,
-                "namespace": event.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": event.namespace,
-                "name": event.pod,
-                "uid": event.pod_uid,
-            },
-            "type": event.type,
-            "reason": event.reason,
-            "message": event.message,
-            "count": 1,
-            "firstTimestamp": at,
-            "lastTimestamp": at,
-            "source": {"component": COMPONENT, "host": self.node},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node,
+            "kind": "Pod",
+            "namespace": event.namespace,
+            "name": event.pod,
+            "uid": event.pod_uid,
         }
+        said = (event.type, event.reason, event.message)
+        return event_body(name, event.namespace, pod, said=said, seen=(1, at, at), node=self.node)

@@ -194,28 +194,47 @@ class Reporter:
 
     def _event_body(self, record: EventRecord) -> dict[str, object]:
         note = record.note
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": record.name, "namespace": EVENT_NAMESPACE},
-            # The kubelet's own Node events carry the node's name as UID; so do these,
-            # and `kubectl describe node` finds both.
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node,
-                "uid": self.node,
-            },
-            "type": note.type,
-            "reason": note.reason,
-            "message": note.message,
-            "count": record.count,
-            "firstTimestamp": record.first,
-            "lastTimestamp": record.last,
-            "source": {"component": COMPONENT, "host": self.node},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node,
-        }
+        # The kubelet's own Node events carry the node's name as UID; so do these, and
+        # `kubectl describe node` finds both.
+        node = {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node}
+        return event_body(
+            record.name,
+            EVENT_NAMESPACE,
+            node,
+            said=(note.type, note.reason, note.message),
+            seen=(record.count, record.first, record.last),
+            node=self.node,
+        )
+
+
+def event_body(
+    name: str,
+    namespace: str,
+    involved: dict[str, str],
+    *,
+    said: tuple[str, str, str],
+    seen: tuple[int, str, str],
+    node: str,
+) -> dict[str, object]:
+    """An Event `name` in `namespace` about `involved`, `said` as (type, reason, message),
+    `seen` (count, first, last) times, from this agent on `node`."""
+    kind, reason, message = said
+    count, first, last = seen
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "count": count,
+        "firstTimestamp": first,
+        "lastTimestamp": last,
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node,
+    }
 
 
 def _condition_body(kind: str, condition: Condition, now: str, since: str) -> dict[str, str]:
