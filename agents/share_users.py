@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agents.errors import BackendError
-from agents.hw.mps_control import PIPE_VARIABLE, MpsControl
+from agents.hw.mps_control import PIPE_VARIABLE, SERVER_LIST, MpsControl
 from agents.hw.procfs import Procfs
 from agents.hw.signal_probes import SignalProbes
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from agents.config import Config
 
 log = structlog.get_logger(__name__)
-
-SERVER_LIST = "get_server_list"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ PROBE = "get_default_active_thread_percentage"  # what NVIDIA's plugin asks to s
 OLD_CAPABILITY = (7, 5)  # below it an MPS server takes 16 clients, from it 48
 OLD_MAX_CLIENTS = 16
 EXCLUSIVE = "EXCLUSIVE_PROCESS"  # one context per GPU: the MPS server's, which all clients share
+DEFAULT = "DEFAULT"  # the mode a GPU has without MPS
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,11 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from agents.errors import BackendError
-from agents.gpu.mps import Daemon
-from agents.hw.mps_control import MpsControl
+from agents.gpu.mps import DEFAULT, Daemon
+from agents.hw.mps_control import CLIENT_LIST, SERVER_LIST, MpsControl
 from agents.hw.nvml import Nvml
 
 log = structlog.get_logger(__name__)
-
-DEFAULT = "DEFAULT"
 
 
 class MpsRetirement:
@@ -57,8 +55,8 @@ class MpsRetirement:
     def _clients(self, daemon: Daemon) -> list[str]:
         """The PIDs of its servers' clients; none where it does not answer (gone)."""
         try:
-            servers = self._send(daemon, "get_server_list").split()
-            return [c for s in servers for c in self._send(daemon, f"get_client_list {s}").split()]
+            servers = self._send(daemon, SERVER_LIST).split()
+            return [c for s in servers for c in self._send(daemon, f"{CLIENT_LIST} {s}").split()]
         except BackendError:
             return []
 

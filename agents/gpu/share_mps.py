@@ -16,7 +16,7 @@ import structlog
 
 from agents.core.health import Cause
 from agents.errors import BackendError
-from agents.gpu.mps import EXCLUSIVE, PROBE, MpsDaemonDown
+from agents.gpu.mps import DEFAULT, EXCLUSIVE, PROBE, MpsDaemonDown
 from agents.hw.mps_control import MpsControl
 from agents.hw.nvml import Nvml
 from agents.hw.nvml_calls import bounded
@@ -25,7 +25,6 @@ from agents.kernel.edits import DeviceKey
 log = structlog.get_logger(__name__)
 
 SHARES = "gpu.nvidia.com shares"  # what the daemon serves, as its cause names it
-DEFAULT = "DEFAULT"
 HOLD_WAIT_S = 25.0  # a prepare's daemon start and compute modes, well within its 45 s
 
 

@@ -29,6 +29,8 @@ log = structlog.get_logger(__name__)
 
 PIPE_VARIABLE = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_VARIABLE = "CUDA_MPS_LOG_DIRECTORY"
+SERVER_LIST = "get_server_list"  # the PIDs of the daemon's MPS servers
+CLIENT_LIST = "get_client_list"  # + a server's PID: the PIDs of its clients
 # Where the driver's tools are: the host's own, the driver root NVIDIA's chart mounts,
 # and the GPU operator's driver container root.
 DRIVER_ROOTS = ("/", "/driver-root", "/run/nvidia/driver")

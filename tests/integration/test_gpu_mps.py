@@ -151,16 +151,25 @@ async def test_the_agent_starts_a_dead_daemon_again_with_its_limits(tmp_path: Pa
 CONTROL = "bin-root/usr/bin/nvidia-cuda-mps-control"
 
 
-def shared(tmp_path: Path, *, privileged: bool = True) -> tuple[SimNvml, Callable[[], MpsDaemons]]:
+def shared(
+    tmp_path: Path, *, privileged: bool = True, capability: str | None = None, replicas: int = 4
+) -> tuple[SimNvml, Callable[[], MpsDaemons]]:
     """The simulated node's NVML, initialised, and a maker of the daemons of the MPS config
-    on it (an agent's start), the twin as the program."""
-    node = SimulatedNode(mps_node(tmp_path), tmp_path / "root")
+    on it (an agent's start), the twin as the program; its GPUs of `capability` if given."""
+    path = mps_node(tmp_path)
+    if capability is not None:
+        doc = yaml.safe_load(path.read_text())
+        for gpu in doc["gpus"]:
+            gpu["computeCapability"] = capability
+        path.write_text(yaml.safe_dump(doc))
+    node = SimulatedNode(path, tmp_path / "root")
     node.load()
     control = MpsControlBinary(str(install_twin(tmp_path / "bin-root")))
     nvml = SimNvml(node.spec, privileged=privileged)
     nvml.init()
     gpus = discover(nvml, node.sysfs)
-    plans = plan_resources(gpus, config(MPS_CONFIG % "false"), "c.yaml")
+    text = MPS_CONFIG.replace("replicas: 4", f"replicas: {replicas}") % "false"
+    plans = plan_resources(gpus, config(text), "c.yaml")
     return nvml, lambda: MpsDaemons(control, str(tmp_path / "mps"), plans, gpus, nvml)
 
 
@@ -210,26 +219,17 @@ def test_no_daemon_starts_where_a_gpus_compute_mode_cannot_be_set(tmp_path: Path
 def test_more_than_16_replicas_of_a_gpu_older_than_compute_capability_7_5_start_no_daemon(
     tmp_path: Path, replicas: int, served: bool
 ) -> None:
-    doc = yaml.safe_load(mps_node(tmp_path).read_text())
-    for gpu in doc["gpus"]:
-        gpu["computeCapability"] = "7.0"  # a V100's: its MPS server takes 16 clients
-    (tmp_path / "old.yaml").write_text(yaml.safe_dump(doc))
-    node = SimulatedNode(tmp_path / "old.yaml", tmp_path / "root")
-    node.load()
-    control = MpsControlBinary(str(install_twin(tmp_path / "bin-root")))
-    nvml = SimNvml(node.spec)
-    nvml.init()
-    gpus = discover(nvml, node.sysfs)
-    text = MPS_CONFIG.replace("replicas: 4", f"replicas: {replicas}") % "false"
-    plans = plan_resources(gpus, config(text), "c.yaml")
-    mps = MpsDaemons(control, str(tmp_path / "mps"), plans, gpus, nvml)
+    # a V100's compute capability: its MPS server takes 16 clients
+    nvml, start = shared(tmp_path, capability="7.0", replicas=replicas)
+    mps = start()
     (daemon,) = mps.daemons
+    uuids = sorted(daemon.gpus)
     try:
         with structlog.testing.capture_logs() as logs:
             mps.ensure()
             mps.probe()
         assert (Path(daemon.pipe_dir) / PID_FILE).exists() is served
-        assert (mps.cause(gpus[0].uuid) is None) is served
+        assert (mps.cause(uuids[0]) is None) is served
         refused = [e["reason"] for e in logs if e["event"] == "mps_daemon_unavailable"]
         assert refused == (
             []
@@ -240,8 +240,7 @@ def test_more_than_16_replicas_of_a_gpu_older_than_compute_capability_7_5_start_
             ]
         )
         assert all(
-            nvml.compute_mode(g.uuid) == ("EXCLUSIVE_PROCESS" if served else "DEFAULT")
-            for g in gpus
+            nvml.compute_mode(u) == ("EXCLUSIVE_PROCESS" if served else "DEFAULT") for u in uuids
         )
     finally:
         if (Path(daemon.pipe_dir) / PID_FILE).exists():
