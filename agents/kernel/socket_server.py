@@ -176,34 +176,35 @@ class _Backoff:
     """How long to wait before serving again what lost its socket: nothing the first
     time, FIRST_BACKOFF_S doubling while it is lost again within CONTENDED_S each time."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._last: dict[str, tuple[float, float]] = {}  # name -> (restarted at, delay)
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, float]] = {}  # name -> (restarted at, its wait)
 
     def wait(self, names: Iterable[str]) -> float:
-        return max((self._delay(n) for n in names), default=0.0)
-
-    def _delay(self, name: str) -> float:
-        at, delay = self._last.get(name, (-CONTENDED_S, 0.0))
-        return delay if self._clock() - at < CONTENDED_S + delay else 0.0
+        now = time.monotonic()
+        return max((self._recent(n, now) or 0.0 for n in names), default=0.0)
 
     def restarted(self, name: str) -> None:
         """Told after the wait, as `name` is served again."""
-        now = self._clock()
-        at, delay = self._last.get(name, (-CONTENDED_S, 0.0))
-        if now - at < CONTENDED_S + delay:
-            delay = min(max(2 * delay, FIRST_BACKOFF_S), MOST_BACKOFF_S)
-            if delay == FIRST_BACKOFF_S:
-                log.error(
-                    "socket_contended",
-                    name=name,
-                    reason=f"its socket was replaced again within {CONTENDED_S:g} s",
-                    effect="another process serves on the same path (a second agent?);"
-                    f" served again after a wait doubling up to {MOST_BACKOFF_S:g} s",
-                )
-        else:
-            delay = 0.0
+        now = time.monotonic()
+        recent = self._recent(name, now)
+        delay = 0.0 if recent is None else min(max(2 * recent, FIRST_BACKOFF_S), MOST_BACKOFF_S)
+        if recent is not None and delay == FIRST_BACKOFF_S:
+            log.error(
+                "socket_contended",
+                name=name,
+                reason=f"its socket was replaced again within {CONTENDED_S:g} s",
+                effect="another process serves on the same path (a second agent?);"
+                f" served again after a wait doubling up to {MOST_BACKOFF_S:g} s",
+            )
         self._last[name] = (now, delay)
+
+    def _recent(self, name: str, now: float) -> float | None:
+        """The wait of `name`'s last restart where that was under CONTENDED_S (beside the
+        wait itself) before `now`; None where it was longer ago, or never."""
+        last = self._last.get(name)
+        if last is None or now - last[0] >= CONTENDED_S + last[1]:
+            return None
+        return last[1]
 
 
 def _rewatch(watches: dict[Path, DirectoryWatch], dirs: set[Path]) -> None:
