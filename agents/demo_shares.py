@@ -5,18 +5,18 @@ container is told, and the GPU's compute mode while the shares are held and afte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 from agents.backends import simulated_backends
 from agents.config import parse_config
-from agents.core.health import DeviceHealth
 from agents.dra.claims import AllocationResult, Claim, ClaimError
 from agents.dra.driver import ClaimRef, ClaimStore, Driver
 from agents.family import Context, config_view
 from agents.gpu.kind import GpuKind
+from agents.health_fanout import HealthFanout
 from agents.hw.mps_control import PIPE_VARIABLE
 
 DRIVER = "gpu.nvidia.com"
@@ -29,19 +29,6 @@ SHARES = {  # claim -> what it asks of gpu-0
 SHOWN = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", PIPE_VARIABLE)
 
 
-class _Quiet:
-    """Health goes nowhere here: the shares are what is shown."""
-
-    def publish(self, states: Iterable[DeviceHealth]) -> None:
-        pass
-
-    def readings(self, resource: str, device: str, values: Mapping[str, float | None]) -> None:
-        pass
-
-    def xid(self, resource: str, device: str, xid: int) -> None:
-        pass
-
-
 async def show_shares(node_file: Path, work: Path, out: Callable[[str], None]) -> None:
     """Prepare the SHARES of gpu-0 as the kubelet's DRA calls would, then unprepare them."""
     shared = await asyncio.to_thread(_with_mps, node_file, work / "shares-node.yaml")
@@ -49,7 +36,7 @@ async def show_shares(node_file: Path, work: Path, out: Callable[[str], None]) -
     config = kind.named_devices(config_view(kind, parse_config(SHARES_CONFIG, "<demo>")))
     async with simulated_backends(shared) as backends:
         found = await asyncio.to_thread(kind.discover, config, backends, "<demo>")
-        family = kind.build(found, config, Context(backends, _Quiet(), None))
+        family = kind.build(found, config, Context(backends, HealthFanout(), None))
         claims = {
             name: Claim(
                 name.split("/")[0],
