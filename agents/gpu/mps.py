@@ -209,13 +209,18 @@ class MpsDaemons:
         return None
 
     def _answers(self, daemon: Daemon) -> bool:
-        if self.control is None:
-            return False
-        try:
-            self.control.send(daemon.pipe_dir, daemon.log_dir, PROBE)
-        except BackendError:
-            return False
-        return True
+        return answers(self.control, daemon.pipe_dir, daemon.log_dir)
+
+
+def answers(control: MpsControl | None, pipe_dir: str, log_dir: str) -> bool:
+    """Blocking. Whether a daemon answers NVIDIA's probe on `pipe_dir`."""
+    if control is None:
+        return False
+    try:
+        control.send(pipe_dir, log_dir, PROBE)
+    except BackendError:
+        return False
+    return True
 
 
 class Watched(Protocol):

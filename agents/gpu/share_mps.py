@@ -16,7 +16,7 @@ import structlog
 
 from agents.core.health import Cause
 from agents.errors import BackendError
-from agents.gpu.mps import DEFAULT, EXCLUSIVE, PROBE, MpsDaemonDown
+from agents.gpu.mps import DEFAULT, EXCLUSIVE, MpsDaemonDown, answers
 from agents.hw.mps_control import MpsControl
 from agents.hw.nvml import Nvml
 from agents.hw.nvml_calls import bounded
@@ -138,11 +138,7 @@ class ShareDaemon:
             log.warning("gpu_compute_mode_unset", gpu=uuid, mode=mode, error=str(exc))
 
     def _answers(self) -> bool:
-        try:
-            self._control.send(self.pipe_dir, self.log_dir, PROBE)
-        except BackendError:
-            return False
-        return True
+        return answers(self._control, self.pipe_dir, self.log_dir)
 
 
 async def hold_shares(
