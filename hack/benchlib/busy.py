@@ -8,12 +8,10 @@ machine of its own, whatever else competes for the CPUs while the bench runs."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +29,7 @@ from agents.standin.checkpoint import (
     write_checkpoint,
 )
 from agents.standin.podresources import listing_response
-from hack.benchlib.agent import GPU, NIC, AgentProcess, Client, percentile
+from hack.benchlib.agent import GPU, NIC, AgentProcess, Client, no_collection, percentile
 from hack.benchlib.enumeration import enumerate_prefer
 from hack.benchlib.figures import Figure, below, info
 from hack.benchlib.nodes import generate_node, irregular_node, sharing_config, write_yaml
@@ -179,21 +177,6 @@ def _pod_resources(socket: Path, workload: Workload) -> Any:
     return server
 
 
-@contextlib.contextmanager
-def _no_collector_pauses() -> Iterator[None]:
-    """This process stands for the kubelet (its client and its pod-resources server),
-    whose collector runs beside it; a full collection of the bench's own heap here
-    (about 10 ms) would be charged to the agent's answer. The workload makes few cycles."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.unfreeze()
-
-
 def rpc(
     work: Path, shape: Shape, calls: int, seed: int, *, pod_resources: bool = True
 ) -> dict[str, list[float]]:
@@ -216,7 +199,7 @@ def rpc(
         with (
             Client(agent.socket(GPU)) as gpu,
             Client(agent.socket(NIC)) as nic,
-            _no_collector_pauses(),
+            no_collection(),
         ):
             clients = {GPU: gpu, NIC: nic}
             for resource, client in clients.items():

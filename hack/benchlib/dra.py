@@ -5,7 +5,6 @@ XID -> out of the slice, memory and API requests at rest (device-plugin mode bes
 from __future__ import annotations
 
 import asyncio
-import gc
 import shutil
 import statistics
 import time
@@ -22,7 +21,7 @@ from agents.sim.bundled import DEMO_NODE, bundled_node
 from agents.standin.kubelet import Kubelet
 from hack.benchlib.agent import GPU as DP_GPU
 from hack.benchlib.agent import NIC as DP_NIC
-from hack.benchlib.agent import AgentProcess, percentile
+from hack.benchlib.agent import AgentProcess, no_collection, percentile
 from hack.benchlib.figures import Figure, below, info
 from hack.benchlib.lifecycle import IDLE_CPU_LIMIT, REGISTER_LIMIT_MS, RSS_LIMIT_MB
 from hack.benchlib.nodes import write_yaml
@@ -300,10 +299,7 @@ async def _prepare(bench: Bench, n: int) -> list[Figure]:
             raise RuntimeError(f"claims failed: {errors}")
         return took
 
-    gc.collect()
-    gc.freeze()
-    gc.disable()  # this process stands for the kubelet: no collection while it times calls
-    try:
+    with no_collection():  # this process stands for the kubelet
         for i in range(WARMUP + n):
             (g0, n0), (g1, n1) = pairs[(2 * i) % len(pairs)], pairs[(2 * i + 1) % len(pairs)]
             ref = bench.claim(f"u{i}", [(GPU, g0), (GPU, g1), (NIC, n0), (NIC, n1)])
@@ -315,9 +311,6 @@ async def _prepare(bench: Bench, n: int) -> list[Figure]:
                 prepare[NIC].append(nic)
                 per_claim.append(gpu + nic)
                 unprepare += undo
-    finally:
-        gc.enable()
-        gc.unfreeze()
     figures: list[Figure] = []
     note = (
         f"{n} claims of 2 GPUs + 2 NICs, prepared then unprepared; each call reads the "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agents.dra.claim_checkpoint import CHECKPOINT, ClaimCheckpoint
-from hack.benchlib.agent import AgentProcess
+from hack.benchlib.agent import AgentProcess, no_collection
 from hack.benchlib.dra import GPU
 from hack.benchlib.figures import Figure, below, info
 from hack.benchlib.share_modes import compute_mode_figures
@@ -73,7 +73,7 @@ async def settled(node: SharedNode, agent: AgentProcess, threads: int) -> Readin
 
 
 async def cycle_figures(node: SharedNode, agent: AgentProcess, cycles: int) -> list[Figure]:
-    from hack.benchlib.shares import no_collection, timed
+    from hack.benchlib.shares import timed
 
     gpus = sorted(node.bench.devices(GPU))[:GPUS]
     claims = layout()

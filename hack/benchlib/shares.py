@@ -6,13 +6,11 @@ share_cycles.py). The stand-ins are dra.py's; the agent is a real process."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import yaml
 
 from agents.sim.bundled import DEMO_NODE, bundled_node
 from agents.sim.mps_control import PID_FILE
-from hack.benchlib.agent import AgentProcess, percentile
+from hack.benchlib.agent import AgentProcess, no_collection, percentile
 from hack.benchlib.dra import GPU, NODE, WITHIN_S, Bench, Moment
 from hack.benchlib.figures import Figure, below, info, skipped
 from hack.benchlib.share_cycles import cycle_figures
@@ -139,19 +137,6 @@ async def timed(call: Call, ref: tuple[str, str, str]) -> float:
     if error := answer.claims[ref[1]].error:
         raise RuntimeError(f"claim {ref[1]}: {error}")
     return took
-
-
-@contextlib.contextmanager
-def no_collection() -> Iterator[None]:
-    """This process stands for the kubelet: no collection while it times calls."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.unfreeze()
 
 
 WHOLE, JOINING, FIRST = "whole GPU", "share joining shares", "first share of a GPU"
