@@ -232,13 +232,13 @@ async def test_a_socket_another_process_keeps_taking_is_served_again_ever_more_s
     path = tmp_path / "s.sock"
     kept = _Kept(UnixServer(path, _add))
     await kept.server.start()
-    theirs = tmp_path / "theirs"
+    theirs = UnixServer(path, _add)  # the other agent's server, on the same path
 
-    async def rival() -> None:  # the other process: takes the path back whenever it is ours
+    async def rival() -> None:  # the other agent: serves again whenever the path is ours
         while True:
             if kept.server.present():
-                theirs.write_text("theirs")
-                theirs.rename(path)
+                await theirs.stop()
+                await theirs.start()
             await asyncio.sleep(0.001)  # its own pace, not a wait on the code under test
 
     with structlog.testing.capture_logs() as logs:
@@ -251,11 +251,13 @@ async def test_a_socket_another_process_keeps_taking_is_served_again_ever_more_s
             took = time.monotonic() - began
             other.cancel()
             await asyncio.gather(other, return_exceptions=True)
+            await theirs.stop()  # the other agent gone, its socket with it
             await async_wait_until(kept.server.present, WAIT + 1.6, "served again, alone")
         finally:
             for task in (keeping, other):
                 task.cancel()
             await asyncio.gather(keeping, other, return_exceptions=True)
             await kept.server.stop()
+            await theirs.stop()
     assert took >= 0.1 + 0.2 + 0.4  # the waits before restarts 3, 4 and 5
     assert [e["name"] for e in logs if e["event"] == "socket_contended"] == ["kept"]
