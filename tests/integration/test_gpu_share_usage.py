@@ -7,13 +7,17 @@ that joins the claim later, and the series gone (not 0) while NVML fails."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import signal
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from agents.sim.mps_control import PID_FILE
 from tests.conditions import PROCESS_WAIT as WAIT
 from tests.integration.conftest import AgentProcess
 from tests.integration.dra_node import GPU, DraNode, dra_node, ref
@@ -190,7 +194,7 @@ async def test_a_pod_of_another_user_than_the_mps_servers_is_told_whom_it_waits_
     config = mps_config(node_file, tmp_path)
     sim = tmp_path / "sim"
     args = ("--config", str(config), "--simulate-root", str(sim))
-    await dra_node.start(node_file, *args)
+    agent = await dra_node.start(node_file, *args)
     proc = sim / "node-agent-sim" / "proc"
     client = {"CUDA_MPS_PIPE_DIRECTORY": "/mps/gpu.nvidia.com/pipe", "HOME": "/"}
     in_pod(proc, 5000, "0::/system.slice/node-agents-mps\n")  # the MPS server
@@ -199,33 +203,41 @@ async def test_a_pod_of_another_user_than_the_mps_servers_is_told_whom_it_waits_
     process(proc, 4244, 2000, f"0::/kubepods/burstable/pod{POD_B}/{CONTAINER}\n", client)
     process(proc, 4245, 65535, f"0::/kubepods/burstable/pod{POD_B}/{'cd' * 32}\n", {})
     [pipe] = sim.rglob("gpu.nvidia.com/pipe")
-    (pipe / "servers").write_text("5000\n")
-    dra_node.claim("a", [("gpu", GPU, "gpu-0")], shareID=SHARE, consumedCapacity={"memory": "20Gi"})
-    reserve(dra_node, ("pa", POD_A), ("pb", POD_B))
-    assert str((await dra_node.kubelet.prepare(GPU, [ref("a")])).claims["a"].error) == ""
-    processes(node_file, [(4242, 1024)])
+    try:
+        (pipe / "servers").write_text("5000\n")
+        dra_node.claim(
+            "a", [("gpu", GPU, "gpu-0")], shareID=SHARE, consumedCapacity={"memory": "20Gi"}
+        )
+        reserve(dra_node, ("pa", POD_A), ("pb", POD_B))
+        assert str((await dra_node.kubelet.prepare(GPU, [ref("a")])).claims["a"].error) == ""
+        processes(node_file, [(4242, 1024)])
 
-    def waits() -> list[dict[str, Any]]:
-        found = dra_node.server.store.events.values()
-        return [e for e in found if e["reason"] == "GPUShareWaitsForUser"]
+        def waits() -> list[dict[str, Any]]:
+            found = dra_node.server.store.events.values()
+            return [e for e in found if e["reason"] == "GPUShareWaitsForUser"]
 
-    await dra_node.wait(waits, WAIT)
-    [event] = waits()
-    assert event["involvedObject"]["name"] == "pb"
-    assert event["involvedObject"]["uid"] == POD_B
-    assert "runs its GPU processes as user 2000" in event["message"]
-    assert "MPS server runs for user 1000" in event["message"]
-    told = pipe.parent / "log" / "control.log"
+        await dra_node.wait(waits, WAIT)
+        [event] = waits()
+        assert event["involvedObject"]["name"] == "pb"
+        assert event["involvedObject"]["uid"] == POD_B
+        assert "runs its GPU processes as user 2000" in event["message"]
+        assert "MPS server runs for user 1000" in event["message"]
+        told = pipe.parent / "log" / "control.log"
 
-    def looks() -> int:
-        return told.read_text().count("get_server_list")
+        def looks() -> int:
+            return told.read_text().count("get_server_list")
 
-    seen = looks()
-    await dra_node.wait(lambda: looks() >= seen + 2, WAIT)  # still waiting: told once
-    assert len(waits()) == 1
-    (pipe / "servers").write_text("")  # the server's clients ended: pb's turn
-    seen = looks()
-    await dra_node.wait(lambda: looks() >= seen + 2, WAIT)
-    (pipe / "servers").write_text("5000\n")  # pa's server again: pb waits anew
-    await dra_node.wait(lambda: len(waits()) == 2, WAIT)
-    assert {e["involvedObject"]["name"] for e in waits()} == {"pb"}
+        seen = looks()
+        await dra_node.wait(lambda: looks() >= seen + 2, WAIT)  # still waiting: told once
+        assert len(waits()) == 1
+        (pipe / "servers").write_text("")  # the server's clients ended: pb's turn
+        seen = looks()
+        await dra_node.wait(lambda: looks() >= seen + 2, WAIT)
+        (pipe / "servers").write_text("5000\n")  # pa's server again: pb waits anew
+        await dra_node.wait(lambda: len(waits()) == 2, WAIT)
+        assert {e["involvedObject"]["name"] for e in waits()} == {"pb"}
+    finally:  # the test's doing: the simulated host's daemon outlives the agent
+        if agent.alive():
+            agent.terminate()  # first, or it would start the daemon again
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((pipe / PID_FILE).read_text()), signal.SIGTERM)
